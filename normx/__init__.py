@@ -1,0 +1,31 @@
+"""normx: NormXLogit token attributions for Hugging Face transformers.
+
+>>> model, tokenizer = normx.load_model("path/or/hub-id")
+>>> explanation = normx.explain(model, tokenizer, "a gripping, beautifully acted film")
+"""
+
+from .adapters import Adapter, get_adapter, register_adapter, supported_models
+from .capture import capture
+from .errors import (EmptyTextError, HookNotFiredError, InputTooLongError, InvalidInputError, LayerOutOfRangeError,
+                     ModelLoadError, NormxError, PairNotSupportedError, UnknownMethodError, UnknownTargetError,
+                     UnsupportedModelError)
+from .explain import explain
+from .methods import Method, describe_methods, list_methods, register_method
+from .result import Explanation
+
+__version__ = "0.1.0"
+
+
+def load_model(name_or_path: str, **kwargs):
+    """Load ``(model, tokenizer)`` from a local folder, a hub id (online) or a PEFT adapter folder."""
+    from .loading import load_model as _load
+
+    return _load(name_or_path, **kwargs)
+
+
+__all__ = [
+    "Adapter", "EmptyTextError", "Explanation", "HookNotFiredError", "InputTooLongError", "InvalidInputError",
+    "LayerOutOfRangeError", "Method", "ModelLoadError", "NormxError", "PairNotSupportedError", "UnknownMethodError",
+    "UnknownTargetError", "UnsupportedModelError", "capture", "describe_methods", "explain", "get_adapter",
+    "list_methods", "load_model", "register_adapter", "register_method", "supported_models",
+]

@@ -1,0 +1,182 @@
+"""``normx.explain``: attributions for texts (or text pairs) from one forward pass per batch."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+import numpy as np
+import torch
+
+from .adapters import get_adapter, unwrap_model
+from .errors import InvalidInputError, LayerOutOfRangeError, PairNotSupportedError
+from .forward import Pass
+from .inputs import Encoded, as_text_list, collate, encode, max_input_length
+from .methods import Context, get_method
+from .result import Explanation
+from .targets import LabelSpace
+
+EMBEDDINGS = ("layer", "word")
+TOP_TOKENS = 5  # vocabulary heads report the probabilities of this many top tokens
+
+
+def explain(model, tokenizer, texts: str | Sequence[str], method: str = "normxlogit", target=None,
+            layer: int | str | Sequence[int] | None = None, *, text_pair: str | Sequence[str] | None = None,
+            foil=None, embedding: str = "layer", batch_size: int = 16, truncation: str = "warn",
+            max_length: int | None = None) -> Explanation | list[Explanation]:
+    """Explain the model's prediction on each text.
+
+    Args:
+        model: a transformers model with a supported head (``normx.supported_models()``), PEFT-wrapped or not.
+        tokenizer: its fast tokenizer.
+        texts: one text or a list. A single string returns one :class:`Explanation`, a list returns a list.
+        method: a name from ``normx.list_methods()``.
+        target: the label(s) to explain: ``None`` = the predicted one, a label name or class index, a vocabulary
+            token or id for LM heads, ``"all"`` for every class, or a list of these.
+        layer: ``None`` (the method's default: the last layer; layer 0 for ``l2norm``), an index in ``0..L``
+            (negative counts from the end), ``"all"``, or a list of indices. All come from one forward pass.
+        text_pair: second texts for sentence-pair models (NLI, STS-B), one per text.
+        foil: a label to subtract: scores become score(target) - score(foil) (contrastive explanations).
+        embedding: x^0 for the norm: ``"layer"`` = the embedding layer's output (hidden_states[0]; default) or
+            ``"word"`` = the raw word embedding.
+        batch_size: texts per forward pass.
+        truncation: ``"warn"`` truncates over-length inputs and records a warning; ``"error"`` raises.
+        max_length: input length cap in tokens; default: what the model and tokenizer accept.
+    """
+    single = isinstance(texts, str)
+    texts = as_text_list(texts)
+    pairs = None if text_pair is None else as_text_list(text_pair, "text_pair")
+    if pairs is not None and len(pairs) != len(texts):
+        raise InvalidInputError(f"text_pair has {len(pairs)} texts but texts has {len(texts)}; give one pair each")
+    chosen = get_method(method)
+    if embedding not in EMBEDDINGS:
+        raise InvalidInputError(f"embedding={embedding!r} is not allowed; use one of {EMBEDDINGS}")
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+        raise InvalidInputError(f"batch_size must be a positive integer, got {batch_size!r}")
+
+    base = unwrap_model(model)
+    adapter = get_adapter(model)
+    if pairs is not None and (adapter.kind != "sequence_classification"
+                              or getattr(base.config, "normx_inputs", "pair") == "single"):
+        raise PairNotSupportedError(
+            f"text_pair was given, but {type(base).__name__} takes single texts; drop the pair or use a "
+            "sentence-pair model (NLI, STS-B)"
+        )
+    labels = LabelSpace(adapter.kind, base.config, tokenizer)
+    target_columns = labels.resolve_many(target, "target")
+    foil_column = None if foil is None else labels.resolve(foil, "foil")
+    num_layers = adapter.num_layers(base)
+    layers = parse_layers(layer, num_layers, chosen.default_layer)
+
+    limit = max_length if max_length is not None else max_input_length(tokenizer, base.config)
+    encoded = encode(tokenizer, texts, pairs, limit, truncation)
+    if adapter.kind == "masked_lm" and tokenizer.mask_token_id is None:
+        raise InvalidInputError(f"{type(base).__name__} has a masked-LM head but its tokenizer has no mask token")
+    pad_id = _pad_id(tokenizer)
+    decoder = adapter.pooling == "last"
+    padding_side = getattr(tokenizer, "padding_side", "right") if decoder else "right"
+    device = next(base.parameters()).device
+
+    settings = {
+        "method": chosen.name, "target": target, "foil": foil, "layer": layer, "embedding": embedding,
+        "model_class": type(base).__name__, "family": adapter.family, "kind": adapter.kind,
+        "regression": labels.regression, "peft": base is not model, "max_length": limit,
+        "dtype": str(next(base.parameters()).dtype).replace("torch.", ""), "device": str(device),
+        "label_dependent": chosen.label_dependent,
+    }
+    results: list[Explanation] = []
+    with eval_mode(model), torch.no_grad():
+        for start in range(0, len(encoded), batch_size):
+            items = encoded[start:start + batch_size]
+            inputs = collate(items, pad_id, padding_side, device, position_ids=decoder)
+            run = Pass(base, adapter, inputs, layers, embedding, mask_token_id=tokenizer.mask_token_id).run()
+            logits = run.pooled_logits().float()
+            columns = _target_columns(labels, logits, target_columns)
+            foil_t = None if foil_column is None else torch.full_like(columns[:, 0], foil_column)
+            scores = chosen.compute(Context(run, labels, columns, foil_t)).float().cpu().numpy()
+            mask = inputs["attention_mask"].bool().cpu().numpy()
+            pooled = run.pooled.tolist()
+            for row, item in enumerate(items):
+                keep = np.flatnonzero(mask[row])
+                results.append(_explanation(item, scores[row][:, :, keep], labels, columns[row].tolist(), layers,
+                                            logits[row], chosen.name, dict(settings, pooled_index=int(
+                                                pooled[row] - keep[0]))))
+    return results[0] if single else results
+
+
+def parse_layers(layer, num_layers: int, default: str) -> list[int]:
+    """A layer spec -> sorted list of layer indices in 0..num_layers."""
+    if layer is None:
+        return [num_layers if default == "last" else 0]
+    if isinstance(layer, str):
+        if layer == "all":
+            return list(range(num_layers + 1))
+        if layer.strip().lstrip("-").isdigit():
+            layer = int(layer)
+        else:
+            raise LayerOutOfRangeError(f"layer={layer!r} is not allowed; use an integer in 0..{num_layers}, "
+                                       "a list of them, 'all' or None")
+    values = list(layer) if isinstance(layer, (list, tuple, range)) else [layer]
+    if not values:
+        raise LayerOutOfRangeError("layer is an empty list; give at least one layer index")
+    out = []
+    for value in values:
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise LayerOutOfRangeError(f"layer {value!r} is not an integer; layers are 0..{num_layers}")
+        if not -(num_layers + 1) <= value <= num_layers:
+            raise LayerOutOfRangeError(
+                f"layer {value} is out of range: this model has {num_layers} layers, so layers are 0 (embedding "
+                f"output) ..{num_layers} (last block), or -1..-{num_layers + 1} counting from the end"
+            )
+        out.append(int(value) % (num_layers + 1))
+    return sorted(set(out))
+
+
+@contextmanager
+def eval_mode(model) -> Iterator[None]:
+    """Dropout off for the duration; the model's train/eval flags are restored afterwards."""
+    flags = {module: module.training for module in model.modules()}
+    model.eval()
+    try:
+        yield
+    finally:
+        for module, flag in flags.items():
+            module.training = flag
+
+
+def _pad_id(tokenizer) -> int:
+    for value in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0):
+        if value is not None:
+            return int(value)
+    return 0
+
+
+def _target_columns(labels: LabelSpace, logits: torch.Tensor, requested: list[int] | None) -> torch.Tensor:
+    batch = logits.shape[0]
+    if labels.regression:
+        return torch.zeros((batch, 1), dtype=torch.long, device=logits.device)
+    if requested is None:
+        return logits.argmax(-1, keepdim=True)
+    return torch.tensor(requested, device=logits.device).expand(batch, -1)
+
+
+def _explanation(item: Encoded, scores: np.ndarray, labels: LabelSpace, columns: list[int], layers: list[int],
+                 logits: torch.Tensor, method: str, settings: dict) -> Explanation:
+    if labels.regression:
+        prediction, probabilities = float(logits[0]), {}
+    else:
+        probs = logits.sigmoid() if getattr(labels.config, "problem_type", None) == "multi_label_classification" \
+            else logits.softmax(-1)
+        top = int(logits.argmax())
+        prediction = labels.name(top)
+        if labels.is_vocabulary:
+            shown = list(dict.fromkeys(probs.topk(min(TOP_TOKENS, probs.numel())).indices.tolist() + columns))
+        else:
+            shown = range(probs.numel())
+        probabilities = {labels.name(i): float(probs[i]) for i in shown}
+    return Explanation(
+        text=item.text, text_pair=item.text_pair, tokens=item.tokens, offsets=item.offsets, segments=item.segments,
+        special=item.special, scores=scores, labels=[labels.name(c) for c in columns], layers=list(layers),
+        prediction=prediction, probabilities=probabilities, method=method, settings=settings,
+        warnings=list(item.warnings),
+    )

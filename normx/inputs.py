@@ -1,0 +1,117 @@
+"""Turning user texts (and text pairs) into padded model inputs, with offsets kept for the word view."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from .errors import EmptyTextError, InputTooLongError, InvalidInputError
+
+TRUNCATION_MODES = ("warn", "error")
+_HUGE = 10**6  # tokenizers without a real limit report model_max_length as a huge sentinel
+
+
+@dataclass
+class Encoded:
+    """One tokenised text or pair, unpadded."""
+
+    text: str
+    text_pair: str | None
+    ids: list[int]
+    tokens: list[str]
+    offsets: list[tuple[int, int]]
+    segments: list[int]  # 0 = text, 1 = text_pair, -1 = special token
+    special: list[bool]
+    extra: dict[str, list[int]] = field(default_factory=dict)  # e.g. token_type_ids
+    warnings: list[str] = field(default_factory=list)
+
+
+def as_text_list(texts: str | Sequence[str], name: str = "texts") -> list[str]:
+    if isinstance(texts, str):
+        texts = [texts]
+    if not isinstance(texts, Sequence) or isinstance(texts, (bytes, bytearray)):
+        raise InvalidInputError(f"{name} must be a string or a list of strings, got {type(texts).__name__}")
+    texts = list(texts)
+    if not texts:
+        raise InvalidInputError(f"{name} is an empty list; give at least one text")
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise InvalidInputError(f"{name}[{i}] must be a string, got {type(text).__name__}: {text!r}")
+        if not text.strip():
+            raise EmptyTextError(f"{name}[{i}] is empty or whitespace only ({text!r}); give a non-empty text")
+    return texts
+
+
+def max_input_length(tokenizer, config) -> int:
+    """The longest input the model takes: the tokenizer's limit, capped by the model's position table."""
+    limits = []
+    tok_max = getattr(tokenizer, "model_max_length", None)
+    if isinstance(tok_max, int) and 0 < tok_max < _HUGE:
+        limits.append(tok_max)
+    for attr in ("max_position_embeddings", "n_positions"):
+        value = getattr(config, attr, None)
+        if isinstance(value, int) and value > 0:
+            # RoBERTa-style position tables reserve padding_idx + 1 rows.
+            if getattr(config, "model_type", "") in ("roberta", "xlm-roberta"):
+                value -= (getattr(config, "pad_token_id", 1) or 0) + 1
+            limits.append(value)
+            break
+    return min(limits) if limits else 512
+
+
+def encode(tokenizer, texts: list[str], pairs: list[str] | None, max_length: int, truncation: str) -> list[Encoded]:
+    if truncation not in TRUNCATION_MODES:
+        raise InvalidInputError(f"truncation={truncation!r} is not allowed; use one of {TRUNCATION_MODES}")
+    if not getattr(tokenizer, "is_fast", False):
+        raise InvalidInputError(
+            f"normx needs a fast (Rust) tokenizer for character offsets; got {type(tokenizer).__name__}. "
+            "Load it with AutoTokenizer.from_pretrained(..., use_fast=True)."
+        )
+    keep = [n for n in getattr(tokenizer, "model_input_names", ["input_ids", "attention_mask"])
+            if n not in ("input_ids", "attention_mask")]
+    out = []
+    for i, text in enumerate(texts):
+        pair = pairs[i] if pairs is not None else None
+        kwargs = dict(return_offsets_mapping=True, return_special_tokens_mask=True, add_special_tokens=True)
+        enc = tokenizer(text, pair, truncation=False, **kwargs)
+        warnings = []
+        n = len(enc["input_ids"])
+        if n > max_length:
+            what = f"input {i} has {n} tokens, more than the model's {max_length}"
+            if truncation == "error":
+                raise InputTooLongError(f"{what}; shorten it, or pass truncation='warn' to truncate it")
+            enc = tokenizer(text, pair, truncation="longest_first" if pair is not None else True,
+                            max_length=max_length, **kwargs)
+            warnings.append(f"{what}: truncated to {max_length} tokens")
+        seq_ids = enc.sequence_ids(0) if hasattr(enc, "sequence_ids") else [None] * len(enc["input_ids"])
+        special = [bool(s) for s in enc["special_tokens_mask"]]
+        segments = [-1 if (sid is None or sp) else int(sid) for sid, sp in zip(seq_ids, special)]
+        ids = list(enc["input_ids"])
+        out.append(Encoded(
+            text=text, text_pair=pair, ids=ids, tokens=tokenizer.convert_ids_to_tokens(ids),
+            offsets=[tuple(map(int, o)) for o in enc["offset_mapping"]], segments=segments, special=special,
+            extra={name: list(enc[name]) for name in keep if name in enc}, warnings=warnings,
+        ))
+    return out
+
+
+def collate(items: list[Encoded], pad_id: int, padding_side: str, device, position_ids: bool
+            ) -> dict[str, torch.Tensor]:
+    """Pad a list of encodings into a batch; decoders also get position ids that skip left padding."""
+    width = max(len(item.ids) for item in items)
+    ids = torch.full((len(items), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(items), width), dtype=torch.long)
+    extras = {name: torch.zeros((len(items), width), dtype=torch.long) for name in items[0].extra}
+    for row, item in enumerate(items):
+        n = len(item.ids)
+        cols = slice(width - n, width) if padding_side == "left" else slice(0, n)
+        ids[row, cols] = torch.tensor(item.ids)
+        mask[row, cols] = 1
+        for name, values in item.extra.items():
+            extras[name][row, cols] = torch.tensor(values)
+    batch = {"input_ids": ids, "attention_mask": mask, **extras}
+    if position_ids:
+        batch["position_ids"] = (mask.cumsum(-1) - 1).clamp(min=0)
+    return {k: v.to(device) for k, v in batch.items()}

@@ -1,0 +1,94 @@
+"""The registry of attribution methods.
+
+A method turns a :class:`Context` (one batch after its forward pass, with resolved targets) into scores of shape
+[batch, targets, layers, tokens]. Register more with :func:`register_method`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from .errors import UnknownMethodError
+from .forward import Pass
+from .targets import LabelSpace
+
+
+@dataclass
+class Context:
+    """What a method sees: the batch's forward pass, the label space and the resolved target columns."""
+
+    run: Pass
+    labels: LabelSpace
+    columns: torch.Tensor  # [B, K] target columns
+    foil: torch.Tensor | None  # [B] foil column, for contrastive scores
+
+    def logat(self) -> torch.Tensor:
+        return self.run.logat(self.labels, self.columns, self.foil)
+
+    def expand(self, per_token: torch.Tensor) -> torch.Tensor:
+        """A label-independent [B, layers, T] score, repeated for each target -> [B, K, layers, T]."""
+        return per_token[:, None].expand(-1, self.columns.shape[1], -1, -1)
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    compute: Callable[[Context], torch.Tensor]
+    description: str
+    default_layer: Literal["last", "input"] = "last"
+    label_dependent: bool = True
+
+
+_METHODS: dict[str, Method] = {}
+
+
+def register_method(method: Method, *, overwrite: bool = False) -> None:
+    if not isinstance(method, Method):
+        raise TypeError(f"method must be a normx.methods.Method, got {type(method).__name__}")
+    if method.name in _METHODS and not overwrite:
+        raise ValueError(f"a method named {method.name!r} is already registered; pass overwrite=True to replace it")
+    _METHODS[method.name] = method
+
+
+def get_method(name: str) -> Method:
+    if not isinstance(name, str) or name not in _METHODS:
+        raise UnknownMethodError(f"unknown method {name!r}; available methods: {', '.join(list_methods())}")
+    return _METHODS[name]
+
+
+def list_methods() -> list[str]:
+    """Names of the registered attribution methods."""
+    return sorted(_METHODS)
+
+
+def describe_methods() -> dict[str, str]:
+    return {name: _METHODS[name].description for name in list_methods()}
+
+
+def _normxlogit(ctx: Context) -> torch.Tensor:
+    return ctx.run.input_norm[:, None, None, :] * ctx.logat()
+
+
+def _logat(ctx: Context) -> torch.Tensor:
+    return ctx.logat()
+
+
+def _l2norm(ctx: Context) -> torch.Tensor:
+    return ctx.expand(ctx.run.hidden_norms())
+
+
+register_method(Method(
+    "normxlogit", _normxlogit,
+    "NormXLogit: ||x_i^0|| x LogAt(x_i^l); the input norm times the head's logit for the label on each token"))
+register_method(Method(
+    "logat", _logat,
+    "LogAt: the head-on-top run on each token's layer-l representation, read at the label (|difference from "
+    "the pooled token| for regression)"))
+register_method(Method(
+    "l2norm", _l2norm,
+    "l2 norm of each token's representation (default layer 0, the input embedding); label-independent",
+    default_layer="input", label_dependent=False))
