@@ -11,6 +11,7 @@ from .errors import (EmptyTextError, HookNotFiredError, InputTooLongError, Inval
                      UnsupportedModelError)
 from .explain import explain
 from .methods import Method, describe_methods, list_methods, register_method
+from .presets import list_presets
 from .result import Explanation
 
 __version__ = "0.1.0"
@@ -27,5 +28,5 @@ __all__ = [
     "Adapter", "EmptyTextError", "Explanation", "HookNotFiredError", "InputTooLongError", "InvalidInputError",
     "LayerOutOfRangeError", "Method", "ModelLoadError", "NormxError", "PairNotSupportedError", "UnknownMethodError",
     "UnknownTargetError", "UnsupportedModelError", "capture", "describe_methods", "explain", "get_adapter",
-    "list_methods", "load_model", "register_adapter", "register_method", "supported_models",
+    "list_methods", "list_presets", "load_model", "register_adapter", "register_method", "supported_models",
 ]

@@ -1,0 +1,67 @@
+"""Text renderings of explanations. Every function returns a string; nothing here prints."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .result import Explanation
+
+_RESET = "\033[0m"
+
+
+def _colour(value: float, scale: float) -> str:
+    """ANSI 24-bit background: green for positive (supports the label), red for negative, stronger = larger."""
+    strength = 0.0 if scale <= 0 or not np.isfinite(value) else min(abs(value) / scale, 1.0)
+    fade = int(255 - 175 * strength)
+    rgb = (fade, 255, fade) if value >= 0 else (255, fade, fade)
+    return f"\033[48;2;{rgb[0]};{rgb[1]};{rgb[2]}m\033[38;2;0;0;0m"
+
+
+def summary(explanation: Explanation) -> str:
+    """One line: prediction, its probability (or the regression score), method, label and layer shown."""
+    pred = explanation.prediction
+    if isinstance(pred, float):
+        head = f"prediction: {pred:.4f} (regression)"
+    else:
+        prob = explanation.probabilities.get(pred)
+        head = f"prediction: {pred}" + ("" if prob is None else f" (p={prob:.3f})")
+    probs = ", ".join(f"{k}={v:.3f}" for k, v in explanation.probabilities.items())
+    parts = [head, f"method: {explanation.method}"]
+    if probs:
+        parts.append(f"probabilities: {probs}")
+    return " | ".join(parts)
+
+
+def render_table(explanation: Explanation, color: bool = True, max_columns: int = 6) -> str:
+    """A table with one row per token (or word) and one column per label x layer, coloured by sign.
+
+    Colours are scaled per column by the largest magnitude among non-special units.
+    """
+    columns = [(i, j) for i in range(len(explanation.labels)) for j in range(len(explanation.layers))]
+    if len(columns) > max_columns:  # many layers: keep the first label's last layers
+        columns = [(0, j) for j in range(len(explanation.layers))][-max_columns:]
+    names = [_column_name(explanation, i, j) for i, j in columns]
+    values = [explanation.scores[i, j] for i, j in columns]
+    ordinary = [k for k, s in enumerate(explanation.special) if not s] or list(range(len(explanation.tokens)))
+    scales = [float(np.nanmax(np.abs(v[ordinary]))) if len(ordinary) else 0.0 for v in values]
+    unit = explanation.unit
+    width = max([len(unit)] + [len(t) for t in explanation.tokens]) + 2
+    col_width = max([10] + [len(n) + 2 for n in names])
+    lines = [summary(explanation), ""]
+    lines.append(f"{unit:<{width}}" + "".join(f"{n:>{col_width}}" for n in names))
+    for k, token in enumerate(explanation.tokens):
+        label = token + (" *" if explanation.special[k] else "")
+        row = f"{label:<{width}}"
+        for v, scale in zip(values, scales):
+            cell = f"{v[k]:>{col_width}.4f}"
+            row += f"{_colour(float(v[k]), scale)}{cell}{_RESET}" if color and not explanation.special[k] else cell
+        lines.append(row)
+    lines.append("")
+    lines.append("* special token. Positive scores support the label, negative ones oppose it.")
+    lines.extend(f"warning: {w}" for w in explanation.warnings)
+    return "\n".join(lines)
+
+
+def _column_name(explanation: Explanation, i: int, j: int) -> str:
+    label = explanation.labels[i]
+    return label if len(explanation.layers) == 1 else f"{label}@L{explanation.layers[j]}"

@@ -1,0 +1,63 @@
+import json
+
+import pytest
+
+from normx.cli import main
+
+import minilm
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return minilm.save_classifier(tmp_path_factory.mktemp("minilm-cls"))
+
+
+def test_json_output(folder, capsys):
+    assert main(["explain", "--model", folder, "--json", "a gripping film", "a dull film"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert len(data["results"]) == 2
+    for item in data["results"]:
+        assert isinstance(item["tokens"], list) and all(isinstance(t, str) for t in item["tokens"])
+        assert len(item["scores"]) == len(item["tokens"]) and all(isinstance(s, float) for s in item["scores"])
+        assert item["prediction"] in ("negative", "positive")
+        assert set(item["probabilities"]) == {"negative", "positive"}
+        assert sum(item["probabilities"].values()) == pytest.approx(1.0)
+    assert data["results"][0]["tokens"] == ["[CLS]", "a", "gripping", "film", "[SEP]"]
+
+
+def test_options_reach_explain(folder, capsys):
+    args = ["explain", "--model", folder, "--json", "--method", "logat", "--target", "positive", "--target", "0",
+            "--layer", "all", "--pair", "the other text", "--words", "max", "first text"]
+    assert main(args) == 0
+    item = json.loads(capsys.readouterr().out)["results"][0]
+    assert item["labels"] == ["positive", "negative"] and item["layers"] == list(range(7))
+    assert item["method"] == "logat" and item["unit"] == "word" and item["text_pair"] == "the other text"
+
+
+def test_table_output(folder, capsys):
+    assert main(["explain", "--model", folder, "--no-color", "--foil", "negative", "--target", "positive",
+                 "a gripping film"]) == 0
+    out = capsys.readouterr().out
+    assert "prediction:" in out and "gripping" in out and "[CLS] *" in out
+    assert "\033[" not in out
+
+
+def test_errors_are_messages_not_tracebacks(folder, capsys):
+    assert main(["explain", "--model", folder, "--target", "neutral", "text"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("normx: error:") and "neutral" in err and "Traceback" not in err
+    assert main(["explain", "--model", folder, "--layer", "99", "text"]) == 2
+    assert main(["explain", "--model", folder, "--method", "nope", "text"]) == 2
+    assert main(["explain", "--model", folder, "  "]) == 2
+    assert main(["explain", "--model", "./no/such/folder", "text"]) == 2
+    assert "no model folder" in capsys.readouterr().err
+
+
+def test_listings(capsys):
+    assert main(["methods"]) == 0
+    out = capsys.readouterr().out
+    assert all(name in out for name in ("normxlogit", "logat", "l2norm"))
+    assert main(["supported"]) == 0
+    assert "LlamaForCausalLM" in capsys.readouterr().out
+    assert main(["models"]) == 0
+    assert "smollm2" in capsys.readouterr().out
