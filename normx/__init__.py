@@ -6,9 +6,19 @@
 
 from .adapters import Adapter, get_adapter, register_adapter, supported_models
 from .capture import capture
-from .errors import (EmptyTextError, HookNotFiredError, InputTooLongError, InvalidInputError, LayerOutOfRangeError,
-                     ModelLoadError, NormxError, PairNotSupportedError, UnknownMethodError, UnknownTargetError,
-                     UnsupportedModelError)
+from .errors import (
+    EmptyTextError,
+    HookNotFiredError,
+    InputTooLongError,
+    InvalidInputError,
+    LayerOutOfRangeError,
+    ModelLoadError,
+    NormxError,
+    PairNotSupportedError,
+    UnknownMethodError,
+    UnknownTargetError,
+    UnsupportedModelError,
+)
 from .explain import explain
 from .methods import Method, describe_methods, list_methods, register_method
 from .presets import list_presets

@@ -58,7 +58,14 @@ class Pass:
         if self.adapter.pooling == "first":
             return (mask * (mask.shape[1] - positions)).argmax(-1)  # first non-padding position
         if self.adapter.pooling == "last":
-            return (mask * positions).argmax(-1)  # last non-padding position
+            keep = mask
+            pad = getattr(self.model.config, "pad_token_id", None)
+            if self.adapter.kind == "sequence_classification" and pad is not None:
+                # as transformers' decoder classifiers: the last token that is not the pad token (a trailing
+                # </s> that doubles as pad token is skipped)
+                not_pad = mask * (self.inputs["input_ids"] != pad)
+                keep = torch.where(not_pad.any(-1, keepdim=True), not_pad, mask)
+            return (keep * positions).argmax(-1)  # last non-padding position
         return self.mask_positions
 
     @property

@@ -23,11 +23,11 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "voc
 def load_model(name_or_path: str | Path, *, task: str | None = None, dtype=None, device=None, **kwargs):
     """Load ``(model, tokenizer)``, ready for :func:`normx.explain` (eval mode).
 
-    ``name_or_path``: a preset name (``normx.list_presets()``; offline), a local model folder, a PEFT adapter folder (``adapter_config.json``; its base is loaded
-    the same way) or a Hugging Face hub id (needs network). ``task`` (``"sequence-classification"``,
-    ``"masked-lm"``, ``"causal-lm"``) picks the head when the folder's ``architectures`` has none normx supports,
-    e.g. a bare encoder to be given a fresh head. Other keyword arguments (``num_labels``, ``gguf_file``,
-    ``revision``...) go to ``from_pretrained``.
+    ``name_or_path``: a preset name (``normx.list_presets()``; offline), a local model folder, a PEFT adapter
+    folder (``adapter_config.json``; its base is loaded the same way) or a Hugging Face hub id (needs network).
+    ``task`` (``"sequence-classification"``, ``"masked-lm"``, ``"causal-lm"``) picks the head when the folder's
+    ``architectures`` has none normx supports, e.g. a bare encoder to be given a fresh head. Other keyword
+    arguments (``num_labels``, ``gguf_file``, ``revision``...) go to ``from_pretrained``.
     """
     if task is not None and task not in TASKS:
         raise ModelLoadError(f"task={task!r} is not known; use one of {sorted(TASKS)}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .errors import UnknownTargetError
+from .errors import UnknownTargetError, UnsupportedModelError
 
 PREDICTED = None
 ALL = "all"
@@ -20,6 +20,11 @@ class LabelSpace:
         self.regression = kind == "sequence_classification" and _is_regression(config)
         if kind == "sequence_classification":
             n = int(config.num_labels)
+            if self.regression and n != 1:
+                raise UnsupportedModelError(
+                    f"this model does regression with {n} outputs (problem_type='regression', num_labels={n}); "
+                    "normx explains single-output regression (num_labels=1) and classification heads"
+                )
             id2label = getattr(config, "id2label", None) or {}
             self.names = ["score"] if self.regression else [str(id2label.get(i, f"LABEL_{i}")) for i in range(n)]
         else:

