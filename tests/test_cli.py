@@ -2,7 +2,9 @@ import json
 
 import minilm
 import pytest
+import tiny
 
+import normx
 from normx.cli import main
 
 
@@ -60,3 +62,17 @@ def test_listings(capsys):
     assert "LlamaForCausalLM" in capsys.readouterr().out
     assert main(["models"]) == 0
     assert "smollm2" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("case", tiny.CASES, ids=[c.id for c in tiny.CASES])
+def test_cli_explains_every_family_from_a_folder(case, tmp_path, capsys):
+    model, tokenizer = tiny.build(case.id)
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    text = tiny.texts_for(case, tokenizer)[0]
+    assert main(["explain", "--model", str(tmp_path), "--json", "--layer", "all", text]) == 0
+    item = json.loads(capsys.readouterr().out)["results"][0]
+    expected = normx.explain(model, tokenizer, text, layer="all")
+    assert item["tokens"] == expected.tokens and item["prediction"] == expected.prediction
+    assert item["scores"] == pytest.approx(expected.score.tolist(), abs=1e-5)
+    assert item["settings"]["model_class"] == type(model).__name__
