@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from .errors import InvalidInputError, LayerOutOfRangeError, UnknownTargetError
+from .errors import LayerOutOfRangeError, UnknownTargetError
 
 
 @dataclass(frozen=True)
@@ -133,7 +133,3 @@ def _plain(value):
         return value.item()
     return str(value)
 
-
-def check_how(how: str, allowed) -> None:
-    if how not in allowed:
-        raise InvalidInputError(f"aggregation how={how!r} is not allowed; use one of {tuple(allowed)}")

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from .errors import UnknownTargetError, UnsupportedModelError
 
-PREDICTED = None
 ALL = "all"
 
 
@@ -110,6 +107,3 @@ def _is_regression(config) -> bool:
         return True
     return int(getattr(config, "num_labels", 2)) == 1
 
-
-def as_list(value) -> Sequence:
-    return value if isinstance(value, (list, tuple)) else [value]

@@ -12,7 +12,7 @@ from dataclasses import replace
 import numpy as np
 
 from .errors import InvalidInputError
-from .result import Explanation, check_how
+from .result import Explanation
 
 AGGREGATIONS = {
     "sum": lambda s: s.sum(-1),
@@ -35,7 +35,8 @@ def word_spans(text: str) -> list[tuple[int, int]]:
 
 def to_words(explanation: Explanation, how: str = "sum") -> Explanation:
     """A new :class:`Explanation` whose units are words; scores aggregated over each word's tokens."""
-    check_how(how, AGGREGATIONS)
+    if how not in AGGREGATIONS:
+        raise InvalidInputError(f"aggregation how={how!r} is not allowed; use one of {tuple(AGGREGATIONS)}")
     if explanation.unit != "token":
         raise InvalidInputError(f"this explanation is already at {explanation.unit} level")
     texts = {0: explanation.text, 1: explanation.text_pair}
