@@ -27,7 +27,7 @@ from .result import Explanation
 __version__ = "0.1.0"
 
 
-def load_model(name_or_path: str, **kwargs):
+def load_model(name_or_path: str = "minilm-sst2", **kwargs):
     """Load ``(model, tokenizer)`` from a local folder, a hub id (online) or a PEFT adapter folder."""
     from .loading import load_model as _load
 

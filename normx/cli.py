@@ -6,8 +6,11 @@ import argparse
 import json
 import os
 import sys
+import warnings
 
 from .errors import NormxError
+
+METHOD_OPTIONS = ("aggregation", "n_steps", "baselines", "rule", "internal_batch_size", "seed")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,17 +33,42 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--words", nargs="?", const="sum", default=None, choices=["sum", "mean", "max", "absmax"],
                     help="aggregate subword tokens into words (default aggregation: sum)")
     ex.add_argument("--truncation", default="warn", choices=["warn", "error"])
+    grad = ex.add_argument_group("method options (only for the methods that take them; see `normx methods`)")
+    grad.add_argument("--aggregation", default=None, choices=["l1", "l2", "sum"],
+                      help="gradient methods: how to aggregate over the embedding dimensions (default l1)")
+    grad.add_argument("--n-steps", type=int, default=None, help="integrated_gradients: integration steps (default 50)")
+    grad.add_argument("--baselines", default=None, choices=["zero", "pad"],
+                      help="integrated_gradients: baseline embedding (default zero)")
+    grad.add_argument("--rule", default=None,
+                      choices=["gausslegendre", "riemann_trapezoid", "riemann_left", "riemann_right", "riemann_middle"],
+                      help="integrated_gradients: integration rule (default gausslegendre)")
+    grad.add_argument("--internal-batch-size", type=int, default=None,
+                      help="integrated_gradients: rows per forward pass (default: all steps at once)")
+    grad.add_argument("--seed", type=int, default=None, help="random: the seed (default 0)")
     ex.add_argument("--gguf-file", default=None, help="load a GGUF checkpoint file inside the model folder")
     ex.add_argument("--json", action="store_true", help="print one JSON object with a `results` list")
     ex.add_argument("--no-color", action="store_true", help="plain table without ANSI colours")
 
     sub.add_parser("methods", help="list the attribution methods")
-    sub.add_parser("models", help="list the offline preset models")
+    models = sub.add_parser("models", help="list the offline preset models")
+    models.add_argument("--json", action="store_true")
+
+    tr = sub.add_parser("train", help="train an offline preset's adapter and head (reproducible from --seed)")
+    tr.add_argument("preset", help="a preset name from `normx models`")
+    tr.add_argument("--data", default=None, help="data folder (default: $NORMX_DATA, else the hub when online)")
+    tr.add_argument("--out", default=None, help="output folder (default: the preset's folder in the package)")
+    tr.add_argument("--seed", type=int, default=0)
+    tr.add_argument("--no-progress", action="store_true")
     sub.add_parser("supported", help="list the supported model classes")
+    sub.add_parser("demo", add_help=False,
+                   help="serve the Gradio demo (demo/app.py; `normx demo --help` for its options)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["demo"]:  # the demo app parses its own options
+        return _demo(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return _run(args)
@@ -55,14 +83,12 @@ def _run(args) -> int:
     _quiet_transformers()
     if args.command == "methods":
         for name, description in normx.describe_methods().items():
-            print(f"{name:<12} {description}")
+            print(f"{name:<20} {description}")
         return 0
     if args.command == "models":
-        from .presets import PRESETS
-
-        for preset in PRESETS.values():
-            print(f"{preset.name:<14} {preset.task:<24} {preset.description} [package: {preset.package}]")
-        return 0
+        return _models(args)
+    if args.command == "train":
+        return _train(args)
     if args.command == "supported":
         print("\n".join(normx.supported_models()))
         return 0
@@ -78,9 +104,10 @@ def _run(args) -> int:
         target = _maybe_int(target)
     layer = args.layer if args.layer in (None, "all") else _layer(args.layer)
     pairs = None if args.pair is None else [args.pair] * len(args.texts)
+    options = {name: getattr(args, name) for name in METHOD_OPTIONS if getattr(args, name) is not None}
     results = normx.explain(model, tokenizer, list(args.texts), method=args.method, target=target, layer=layer,
                             text_pair=pairs, foil=None if args.foil is None else _maybe_int(args.foil),
-                            embedding=args.embedding, truncation=args.truncation)
+                            embedding=args.embedding, truncation=args.truncation, **options)
     if args.words:
         results = [r.words(args.words) for r in results]
     if args.json:
@@ -93,12 +120,74 @@ def _run(args) -> int:
     return 0
 
 
+def _models(args) -> int:
+    from .presets import PRESETS
+
+    rows = [preset.summary() for preset in PRESETS.values()]
+    if args.json:
+        print(json.dumps(rows))
+        return 0
+    print(f"{'preset':<14} {'task':<24} {'labels':<36} {'metric (dev)':<18} {'size':>8}  base package")
+    for row in rows:
+        metric = "" if row["metric"] is None else f"{row['metric']} " + (
+            "untrained" if row["value"] is None else f"{row['value']:.3f}")
+        labels = ", ".join(row["labels"]) or "vocabulary"
+        print(f"{row['name']:<14} {row['task']:<24} {labels:<36} {metric:<18} {row['size_mb']:>6.2f}MB  "
+              f"{row['package']}")
+    return 0
+
+
+def _train(args) -> int:
+    from .presets import get_preset
+    from .training import train
+
+    preset = get_preset(args.preset)
+    if preset.recipe is None:
+        print(f"normx: preset {preset.name!r} is used untouched; there is nothing to train", file=sys.stderr)
+        return 2
+    command = " ".join(["normx train", preset.name, f"--seed {args.seed}"] + (["--data DATA"] if args.data else []))
+    out = args.out or preset.folder
+    metrics = train(preset.recipe, preset.fresh, out, data_path=args.data, seed=args.seed,
+                    progress=not args.no_progress, command=command)
+    preset.name_base_in(out)
+    print(json.dumps({k: metrics[k] for k in ("metric", "value", "examples", "train_examples", "steps",
+                                              "train_seconds")}))
+    return 0
+
+
+def _demo(argv: list[str]) -> int:
+    """``normx demo [--host H] [--port P] [--model M] [--locked] [--models A,B]``: serve the Gradio demo.
+
+    The app is ``demo/app.py`` of the source checkout (the folder next to the ``normx`` package; the README
+    installs normx editable), or the file named by $NORMX_DEMO_APP. It is imported by path and its ``main(argv)``
+    runs (blocking until Ctrl-C).
+    """
+    import importlib.util
+    from pathlib import Path
+
+    default = Path(__file__).resolve().parents[1] / "demo" / "app.py"
+    app_file = Path(os.environ.get("NORMX_DEMO_APP") or default)
+    if not app_file.is_file():
+        print(f"normx: error: no demo app at {app_file}: `normx demo` runs demo/app.py of a source checkout "
+              "(pip install -e '.[demo]'); set NORMX_DEMO_APP to its path otherwise", file=sys.stderr)
+        return 2
+    if importlib.util.find_spec("gradio") is None:
+        print("normx: error: the demo needs gradio: pip install -e '.[demo]'", file=sys.stderr)
+        return 2
+    spec = importlib.util.spec_from_file_location("normx_demo_app", app_file)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return int(module.main(argv) or 0)
+
+
 def _quiet_transformers() -> None:
     """Loading progress bars and load reports would drown the explanation; errors still surface."""
     from transformers.utils import logging
 
     logging.set_verbosity_error()
     logging.disable_progress_bar()
+    warnings.filterwarnings("ignore", category=FutureWarning)  # deprecation notices from transformers / peft
 
 
 def _maybe_int(value: str):

@@ -23,7 +23,7 @@ TOP_TOKENS = 5  # vocabulary heads report the probabilities of this many top tok
 def explain(model, tokenizer, texts: str | Sequence[str], method: str = "normxlogit", target=None,
             layer: int | str | Sequence[int] | None = None, *, text_pair: str | Sequence[str] | None = None,
             foil=None, embedding: str = "layer", batch_size: int = 16, truncation: str = "warn",
-            max_length: int | None = None) -> Explanation | list[Explanation]:
+            max_length: int | None = None, **options) -> Explanation | list[Explanation]:
     """Explain the model's prediction on each text.
 
     Args:
@@ -35,6 +35,7 @@ def explain(model, tokenizer, texts: str | Sequence[str], method: str = "normxlo
             token or id for LM heads, ``"all"`` for every class, or a list of these.
         layer: ``None`` (the method's default: the last layer; layer 0 for ``l2norm``), an index in ``0..L``
             (negative counts from the end), ``"all"``, or a list of indices. All come from one forward pass.
+            Gradient methods have no per-layer scores: leave it ``None`` (their result has layer 0).
         text_pair: second texts for sentence-pair models (NLI, STS-B), one per text.
         foil: a label to subtract: scores become score(target) - score(foil) (contrastive explanations).
         embedding: x^0 for the norm: ``"layer"`` = the embedding layer's output (hidden_states[0]; default) or
@@ -42,6 +43,8 @@ def explain(model, tokenizer, texts: str | Sequence[str], method: str = "normxlo
         batch_size: texts per forward pass.
         truncation: ``"warn"`` truncates over-length inputs and records a warning; ``"error"`` raises.
         max_length: input length cap in tokens; default: what the model and tokenizer accept.
+        **options: the method's own options (``normx.methods.get_method(name).options`` has them with their
+            defaults), e.g. ``n_steps=300`` for ``integrated_gradients``; recorded in ``settings``.
     """
     single = isinstance(texts, str)
     texts = as_text_list(texts)
@@ -49,6 +52,7 @@ def explain(model, tokenizer, texts: str | Sequence[str], method: str = "normxlo
     if pairs is not None and len(pairs) != len(texts):
         raise InvalidInputError(f"text_pair has {len(pairs)} texts but texts has {len(texts)}; give one pair each")
     chosen = get_method(method)
+    options = chosen.resolve_options(options)
     if embedding not in EMBEDDINGS:
         raise InvalidInputError(f"embedding={embedding!r} is not allowed; use one of {EMBEDDINGS}")
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
@@ -66,7 +70,13 @@ def explain(model, tokenizer, texts: str | Sequence[str], method: str = "normxlo
     target_columns = labels.resolve_many(target, "target")
     foil_column = None if foil is None else labels.resolve(foil, "foil")
     num_layers = adapter.num_layers(base)
-    layers = parse_layers(layer, num_layers, chosen.default_layer)
+    if chosen.layered:
+        layers = parse_layers(layer, num_layers, chosen.default_layer)
+    elif layer is not None:
+        raise InvalidInputError(f"method {chosen.name!r} attributes to the input embeddings and has no per-layer "
+                                f"scores; leave layer unset (got layer={layer!r})")
+    else:
+        layers = [0]
 
     limit = max_length if max_length is not None else max_input_length(tokenizer, base.config)
     encoded = encode(tokenizer, texts, pairs, limit, truncation)
@@ -82,7 +92,7 @@ def explain(model, tokenizer, texts: str | Sequence[str], method: str = "normxlo
         "model_class": type(base).__name__, "family": adapter.family, "kind": adapter.kind,
         "regression": labels.regression, "peft": base is not model, "max_length": limit,
         "dtype": str(next(base.parameters()).dtype).replace("torch.", ""), "device": str(device),
-        "label_dependent": chosen.label_dependent,
+        "label_dependent": chosen.label_dependent, **options,
     }
     results: list[Explanation] = []
     with eval_mode(model), torch.no_grad():
@@ -93,14 +103,17 @@ def explain(model, tokenizer, texts: str | Sequence[str], method: str = "normxlo
             logits = run.pooled_logits().float()
             columns = _target_columns(labels, logits, target_columns)
             foil_t = None if foil_column is None else torch.full_like(columns[:, 0], foil_column)
-            scores = chosen.compute(Context(run, labels, columns, foil_t)).float().cpu().numpy()
+            ctx = Context(run, labels, columns, foil_t, options=options)
+            scores = chosen.compute(ctx).float().cpu().numpy()
+            diagnostics = {name: value.float().cpu() for name, value in ctx.diagnostics.items()}
             mask = inputs["attention_mask"].bool().cpu().numpy()
             pooled = run.pooled.tolist()
             for row, item in enumerate(items):
                 keep = np.flatnonzero(mask[row])
                 results.append(_explanation(item, scores[row][:, :, keep], labels, columns[row].tolist(), layers,
                                             logits[row], chosen.name, dict(settings, pooled_index=int(
-                                                pooled[row] - keep[0]))))
+                                                pooled[row] - keep[0])),
+                                            {name: value[row].tolist() for name, value in diagnostics.items()}))
     return results[0] if single else results
 
 
@@ -161,7 +174,7 @@ def _target_columns(labels: LabelSpace, logits: torch.Tensor, requested: list[in
 
 
 def _explanation(item: Encoded, scores: np.ndarray, labels: LabelSpace, columns: list[int], layers: list[int],
-                 logits: torch.Tensor, method: str, settings: dict) -> Explanation:
+                 logits: torch.Tensor, method: str, settings: dict, diagnostics: dict) -> Explanation:
     if labels.regression:
         prediction, probabilities = float(logits[0]), {}
     else:
@@ -178,5 +191,5 @@ def _explanation(item: Encoded, scores: np.ndarray, labels: LabelSpace, columns:
         text=item.text, text_pair=item.text_pair, tokens=item.tokens, offsets=item.offsets, segments=item.segments,
         special=item.special, scores=scores, labels=[labels.name(c) for c in columns], layers=list(layers),
         prediction=prediction, probabilities=probabilities, method=method, settings=settings,
-        warnings=list(item.warnings),
+        warnings=list(item.warnings), diagnostics=diagnostics,
     )

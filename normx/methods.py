@@ -6,13 +6,13 @@ A method turns a :class:`Context` (one batch after its forward pass, with resolv
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Literal
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 import torch
 
-from .errors import UnknownMethodError
+from .errors import InvalidInputError, UnknownMethodError
 from .forward import Pass
 from .targets import LabelSpace
 
@@ -25,6 +25,8 @@ class Context:
     labels: LabelSpace
     columns: torch.Tensor  # [B, K] target columns
     foil: torch.Tensor | None  # [B] foil column, for contrastive scores
+    options: dict[str, Any] = field(default_factory=dict)  # the method's options, defaults filled in
+    diagnostics: dict[str, torch.Tensor] = field(default_factory=dict)  # per-row [B, K] values a method reports
 
     def logat(self) -> torch.Tensor:
         return self.run.logat(self.labels, self.columns, self.foil)
@@ -36,11 +38,37 @@ class Context:
 
 @dataclass(frozen=True)
 class Method:
+    """An attribution method.
+
+    ``layered=False`` methods (gradients) attribute to the input embeddings only: their scores have one layer,
+    reported as layer 0. ``options`` maps each keyword option the method takes to its default; ``check_options``
+    validates the resolved options (raising :class:`~normx.errors.InvalidInputError`) and may normalise them.
+    """
+
     name: str
     compute: Callable[[Context], torch.Tensor]
     description: str
     default_layer: Literal["last", "input"] = "last"
     label_dependent: bool = True
+    layered: bool = True
+    options: Mapping[str, Any] = field(default_factory=dict)
+    check_options: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+
+    def resolve_options(self, given: Mapping[str, Any]) -> dict[str, Any]:
+        """The options for one call: ``given`` over the defaults; unknown names and bad values raise."""
+        unknown = sorted(set(given) - set(self.options))
+        if unknown:
+            takes = ", ".join(f"{k}={v!r}" for k, v in self.options.items()) or "no options"
+            raise InvalidInputError(f"method {self.name!r} does not take the option(s) {', '.join(unknown)}; it "
+                                    f"takes: {takes}")
+        resolved = {**self.options, **given}
+        return dict(self.check_options(resolved)) if self.check_options is not None else resolved
+
+
+# explain's own settings keys, which an option name must not shadow
+RESERVED_OPTIONS = frozenset({
+    "method", "target", "foil", "layer", "embedding", "model_class", "family", "kind", "regression", "peft",
+    "max_length", "dtype", "device", "label_dependent", "pooled_index", "text_pair", "batch_size", "truncation"})
 
 
 _METHODS: dict[str, Method] = {}
@@ -49,6 +77,9 @@ _METHODS: dict[str, Method] = {}
 def register_method(method: Method, *, overwrite: bool = False) -> None:
     if not isinstance(method, Method):
         raise TypeError(f"method must be a normx.methods.Method, got {type(method).__name__}")
+    clash = sorted(RESERVED_OPTIONS & set(method.options))
+    if clash:
+        raise ValueError(f"method {method.name!r} has option(s) {clash} named like explain's own arguments")
     if method.name in _METHODS and not overwrite:
         raise ValueError(f"a method named {method.name!r} is already registered; pass overwrite=True to replace it")
     _METHODS[method.name] = method
@@ -92,3 +123,5 @@ register_method(Method(
     "l2norm", _l2norm,
     "l2 norm of each token's representation (default layer 0, the input embedding); label-independent",
     default_layer="input", label_dependent=False))
+
+from . import gradients as _gradients  # noqa: E402, F401  (registers the gradient baselines)

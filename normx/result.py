@@ -17,6 +17,8 @@ class Explanation:
     ``scores`` has shape [len(labels), len(layers), len(tokens)]: one row per explained label (the predicted one
     by default), per requested layer, per unit (subword token, or word after :meth:`words`). Scores are signed.
     ``groups[j]`` lists the subword-token indices that unit ``j`` covers (``[j]`` at token level).
+    ``diagnostics`` holds what a method reports besides scores, each a list with one value per label (e.g.
+    ``integrated_gradients``' ``convergence_delta``: sum of attributions minus (f(x) - f(baseline))).
     """
 
     text: str
@@ -35,6 +37,7 @@ class Explanation:
     warnings: list[str] = field(default_factory=list)
     unit: str = "token"
     groups: list[list[int]] = field(default_factory=list)
+    diagnostics: dict = field(default_factory=dict)
 
     def __post_init__(self):
         expected = (len(self.labels), len(self.layers), len(self.tokens))
@@ -115,6 +118,7 @@ class Explanation:
             "settings": _plain(self.settings),
             "warnings": list(self.warnings),
             "groups": [list(g) for g in self.groups],
+            "diagnostics": _plain(self.diagnostics),
         }
 
 
@@ -127,6 +131,8 @@ def _plain(value):
         return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None  # JSON has no NaN / inf
     if isinstance(value, (str, int, float, bool)) or value is None:
         return value
     if isinstance(value, np.generic):

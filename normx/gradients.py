@@ -1,0 +1,304 @@
+"""Gradient baselines: Gradient Norm, Gradient×Input, Integrated Gradients, and a seeded Random baseline.
+
+Gradients are taken with respect to the **word embeddings**: ``e = word_embeddings(input_ids)`` is fed to the
+backbone as ``inputs_embeds`` (with the batch's attention mask, token type ids and decoder position ids), so the
+model adds position / token-type embeddings and applies its embedding LayerNorm exactly once, as it does from
+``input_ids``. The differentiated function :class:`HeadForward` is the model's head-on-top at the pooled position
+([CLS], the last token, or the mask token), read at the target columns (minus the foil column for contrastive
+targets; the single output for regression). LM heads compute only the needed vocabulary columns.
+
+Per-token scores aggregate the [hidden] attribution vector of each token: ``"l1"`` (sum of absolute values; the
+NormXLogit paper's), ``"l2"`` (Euclidean norm) or ``"sum"`` (signed sum, as Captum tutorials and ferret do).
+The plain gradient's sum is ~0 in models whose word embeddings only reach LayerNorms (BERT-style encoders, GPT-2):
+a LayerNorm ignores shifts along (1, ..., 1).
+
+Integrated Gradients follows Captum's ``IntegratedGradients`` (same rules, step sizes and internal batching), with
+one forward pass per chunk of steps and one backward pass per target column; its completeness check
+``sum(attributions) - (f(x) - f(baseline))`` is reported per text and target as the ``convergence_delta``
+diagnostic (over the raw, unaggregated attributions of every position and dimension).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import numpy as np
+import torch
+
+from .adapters import Adapter
+from .capture import output_tensor
+from .errors import InvalidInputError
+from .methods import Context, Method, register_method
+
+AGGREGATIONS = ("l1", "l2", "sum")
+BASELINES = ("zero", "pad")
+RULES = ("riemann_trapezoid", "riemann_left", "riemann_right", "riemann_middle", "gausslegendre")
+
+
+# ---- the differentiated function ---------------------------------------------------------------------------------
+
+class HeadForward:
+    """``f(inputs_embeds) -> [N, K]``: the head-on-top at the pooled position, read at the K target columns.
+
+    Built for one batch of B rows. Called with N = R * B rows (R copies of the batch stacked step by step, as
+    Captum and Integrated Gradients do), it repeats the batch's other inputs R times.
+
+    RoBERTa-style models number positions from ``inputs_embeds`` sequentially, which is their ``input_ids``
+    numbering for right-padded batches (normx pads encoders on the right) without pad tokens inside the text.
+
+    Args:
+        model: the transformers model (PEFT-unwrapped; LoRA layers stay injected).
+        adapter: its adapter.
+        inputs: the batch as given to the model (``input_ids``, ``attention_mask``, ``token_type_ids``,
+            decoders' ``position_ids``); ``input_ids`` is only used by :meth:`embed`.
+        pooled: [B] pooled positions.
+        columns: [B, K] target columns.
+        foil: [B] foil column, subtracted from every target, or None.
+        regression: read the single regression output (``columns`` is ignored).
+    """
+
+    def __init__(self, model: torch.nn.Module, adapter: Adapter, inputs: dict[str, torch.Tensor],
+                 pooled: torch.Tensor, columns: torch.Tensor, foil: torch.Tensor | None = None,
+                 regression: bool = False):
+        self.model, self.adapter = model, adapter
+        self.input_ids = inputs["input_ids"]
+        self.inputs = {k: v for k, v in inputs.items() if k != "input_ids"}
+        self.batch = self.input_ids.shape[0]
+        self.pooled, self.regression = pooled, regression
+        self.kwargs = {"use_cache": False} if adapter.pooling == "last" else {}
+        self.vocabulary = adapter.kind in ("masked_lm", "causal_lm") and not regression
+        if self.vocabulary:  # compute only the wanted vocabulary columns
+            wanted = columns if foil is None else torch.cat([columns, foil[:, None]], dim=1)
+            self.vocab, index = torch.unique(wanted, return_inverse=True)
+            self.columns, self.foil = (index, None) if foil is None else (index[:, :-1], index[:, -1])
+        else:
+            self.vocab, self.columns, self.foil = None, columns, foil
+        self._repeated: dict[int, tuple] = {}
+
+    @classmethod
+    def from_context(cls, ctx: Context) -> HeadForward:
+        run = ctx.run
+        return cls(run.model, run.adapter, run.inputs, run.pooled, ctx.columns, ctx.foil, ctx.labels.regression)
+
+    def embed(self, ids: torch.Tensor | None = None) -> torch.Tensor:
+        """The word embeddings [B, T, H] of ``ids`` (default: the batch's input ids), without autograd history."""
+        module = self.adapter.embedding_module(self.model, "word")
+        with torch.no_grad():
+            return module(self.input_ids if ids is None else ids).detach()
+
+    def _inputs(self, repeats: int):
+        if repeats not in self._repeated:
+            def rep(t):
+                return None if t is None else t.repeat(repeats, *([1] * (t.dim() - 1)))
+            self._repeated[repeats] = ({k: rep(v) for k, v in self.inputs.items()}, rep(self.pooled),
+                                       rep(self.columns), rep(self.foil),
+                                       torch.arange(repeats * self.batch, device=self.pooled.device))
+        return self._repeated[repeats]
+
+    def __call__(self, embeds: torch.Tensor) -> torch.Tensor:
+        repeats, rest = divmod(embeds.shape[0], self.batch)
+        if rest or not repeats:
+            raise ValueError(f"inputs_embeds has {embeds.shape[0]} rows, not a multiple of the batch's {self.batch}")
+        inputs, pooled, columns, foil, rows = self._inputs(repeats)
+        # decoders' last_hidden_state is after their final norm, encoders' is the last block's output: both are
+        # what the model's head reads
+        hidden = output_tensor(self.model.base_model(inputs_embeds=embeds, **inputs, **self.kwargs))
+        h = hidden[rows, pooled]  # [N, H]
+        if self.regression:
+            return self.adapter.head(self.model, h, None)[:, :1]
+        out = self.adapter.head(self.model, h, self.vocab)  # [N, C] or [N, U]
+        scores = torch.gather(out, 1, columns)
+        if foil is not None:
+            scores = scores - torch.gather(out, 1, foil[:, None])
+        return scores
+
+
+# ---- gradients and Integrated Gradients ---------------------------------------------------------------------------
+
+def _target_gradients(forward, embeds: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """One forward pass on ``embeds`` (made a leaf), one backward pass per target: (outputs [N, K], K x [N, T, H])."""
+    with torch.enable_grad():
+        leaf = embeds.detach().requires_grad_(True)
+        out = forward(leaf)
+        k = out.shape[1]
+        grads = [torch.autograd.grad(out[:, j].sum(), leaf, retain_graph=j < k - 1)[0] for j in range(k)]
+    return out.detach(), grads
+
+
+def gradients(forward, embeds: torch.Tensor) -> torch.Tensor:
+    """d f_k / d embeds for every target k: [K, B, T, H] float32."""
+    return torch.stack([g.float() for g in _target_gradients(forward, embeds)[1]])
+
+
+def rule_parameters(rule: str, n_steps: int) -> tuple[list[float], list[float]]:
+    """(step sizes, alphas) of an integration rule, exactly as Captum's ``approximation_parameters``."""
+    if rule == "gausslegendre":
+        points, weights = np.polynomial.legendre.leggauss(n_steps)
+        return (0.5 * weights).tolist(), (0.5 * (1 + points)).tolist()
+    sizes = [1 / n_steps] * n_steps
+    if rule == "riemann_trapezoid":
+        sizes[0] /= 2
+        sizes[-1] /= 2
+        return sizes, torch.linspace(0, 1, n_steps).tolist()
+    ends = {"riemann_left": (0, 1 - 1 / n_steps), "riemann_middle": (1 / (2 * n_steps), 1 - 1 / (2 * n_steps)),
+            "riemann_right": (1 / n_steps, 1)}[rule]
+    return sizes, torch.linspace(*ends, n_steps).tolist()
+
+
+def integrated_gradients(forward, embeds: torch.Tensor, baseline: torch.Tensor, n_steps: int = 50,
+                         rule: str = "gausslegendre", internal_batch_size: int | None = None
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Integrated Gradients of every target along the straight path from ``baseline`` to ``embeds``.
+
+    ``internal_batch_size`` is the number of rows per forward pass, as in Captum: ``internal_batch_size // B``
+    steps (at least one) go through the model together; ``None`` runs all steps at once.
+
+    Returns (attributions [K, B, T, H] float32, convergence delta [B, K], f(x) - f(baseline) [B, K]).
+    """
+    batch = embeds.shape[0]
+    sizes, alphas = rule_parameters(rule, n_steps)
+    per_pass = n_steps if internal_batch_size is None else max(1, internal_batch_size // batch)
+    # the path in float32 (half-precision models: the points, not alpha, are rounded to the model's dtype)
+    start_point, diff = baseline.float(), embeds.float() - baseline.float()
+    total = None
+    for start in range(0, n_steps, per_pass):
+        alpha = torch.tensor(alphas[start:start + per_pass], dtype=torch.float32, device=embeds.device)
+        weight = torch.tensor(sizes[start:start + per_pass], dtype=torch.float32, device=embeds.device)
+        steps = alpha.shape[0]
+        scaled = (start_point + alpha.view(-1, 1, 1, 1) * diff).to(embeds.dtype)
+        _, grads = _target_gradients(forward, scaled.reshape(steps * batch, *embeds.shape[1:]))
+        # sum over the steps of step size x gradient, per target: [K, B, T, H]
+        chunk = torch.stack([torch.tensordot(weight, g.reshape(steps, *embeds.shape).float(), dims=1) for g in grads])
+        total = chunk if total is None else total + chunk
+    attributions = total * diff
+    with torch.no_grad():
+        ends = forward(torch.cat([embeds, baseline])).float()
+    change = ends[:batch] - ends[batch:]  # f(x) - f(baseline), [B, K]
+    delta = attributions.sum(dim=(2, 3)).T - change
+    return attributions, delta, change
+
+
+def aggregate(attributions: torch.Tensor, how: str) -> torch.Tensor:
+    """[..., H] -> [...]: l1 (sum of |a|), l2 (||a||) or sum (signed)."""
+    if how == "l1":
+        return attributions.abs().sum(-1)
+    if how == "l2":
+        return attributions.norm(dim=-1)
+    return attributions.sum(-1)
+
+
+def _scores(per_target: torch.Tensor, how: str) -> torch.Tensor:
+    """[K, B, T, H] attributions -> [B, K, 1, T] scores."""
+    return aggregate(per_target, how).permute(1, 0, 2)[:, :, None, :]
+
+
+def pad_embedding_id(tokenizer) -> int:
+    """The token explain pads with (pad token, else end-of-sequence token)."""
+    for value in (getattr(tokenizer, "pad_token_id", None), getattr(tokenizer, "eos_token_id", None)):
+        if value is not None:
+            return int(value)
+    raise InvalidInputError("baselines='pad' needs a pad (or end-of-sequence) token, and this tokenizer has neither; "
+                            "use baselines='zero'")
+
+
+# ---- the methods ----------------------------------------------------------------------------------------------------
+
+def _gradient_norm(ctx: Context) -> torch.Tensor:
+    forward = HeadForward.from_context(ctx)
+    return _scores(gradients(forward, forward.embed()), ctx.options["aggregation"])
+
+
+def _gradient_x_input(ctx: Context) -> torch.Tensor:
+    forward = HeadForward.from_context(ctx)
+    embeds = forward.embed()
+    return _scores(gradients(forward, embeds) * embeds.float(), ctx.options["aggregation"])
+
+
+def _integrated_gradients(ctx: Context) -> torch.Tensor:
+    options = ctx.options
+    forward = HeadForward.from_context(ctx)
+    embeds = forward.embed()
+    if options["baselines"] == "zero":
+        baseline = torch.zeros_like(embeds)
+    else:
+        pad = torch.full_like(forward.input_ids[:1, :1], pad_embedding_id(ctx.labels.tokenizer))
+        baseline = forward.embed(pad).expand_as(embeds)
+    attributions, delta, change = integrated_gradients(forward, embeds, baseline, options["n_steps"], options["rule"],
+                                                       options["internal_batch_size"])
+    ctx.diagnostics["convergence_delta"] = delta
+    ctx.diagnostics["output_difference"] = change
+    return _scores(attributions, options["aggregation"])
+
+
+def _random(ctx: Context) -> torch.Tensor:
+    """Uniform [0, 1) scores, drawn from a generator seeded by (seed, the text's token ids): the same text gets the
+    same scores in any batch, at any position, on any device."""
+    ids, mask = ctx.run.inputs["input_ids"].cpu(), ctx.run.inputs["attention_mask"].bool().cpu()
+    scores = torch.zeros(ids.shape, dtype=torch.float32)
+    for row in range(ids.shape[0]):
+        tokens = ids[row][mask[row]].tolist()
+        digest = hashlib.sha256(f"normx-random:{ctx.options['seed']}:{tokens}".encode()).digest()
+        generator = torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
+        scores[row, mask[row]] = torch.rand(len(tokens), generator=generator)
+    return ctx.expand(scores[:, None])
+
+
+# ---- options ---------------------------------------------------------------------------------------------------------
+
+def _choice(options: dict[str, Any], name: str, allowed: tuple[str, ...]) -> None:
+    if not isinstance(options[name], str) or options[name] not in allowed:
+        raise InvalidInputError(f"{name}={options[name]!r} is not allowed; use one of {allowed}")
+
+
+def _integer(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def _check_aggregation(options: dict[str, Any]) -> dict[str, Any]:
+    _choice(options, "aggregation", AGGREGATIONS)
+    return options
+
+
+def _check_ig(options: dict[str, Any]) -> dict[str, Any]:
+    _check_aggregation(options)
+    _choice(options, "baselines", BASELINES)
+    _choice(options, "rule", RULES)
+    n_steps, internal = options["n_steps"], options["internal_batch_size"]
+    smallest = 1 if options["rule"] == "gausslegendre" else 2
+    if not _integer(n_steps) or n_steps < smallest:
+        raise InvalidInputError(f"n_steps must be an integer >= {smallest} for rule={options['rule']!r}, "
+                                f"got {n_steps!r}")
+    if internal is not None and (not _integer(internal) or internal < 1):
+        raise InvalidInputError(f"internal_batch_size must be a positive integer (rows per forward pass) or None "
+                                f"(all steps at once), got {internal!r}")
+    return dict(options, n_steps=int(n_steps), internal_batch_size=None if internal is None else int(internal))
+
+
+def _check_seed(options: dict[str, Any]) -> dict[str, Any]:
+    if not _integer(options["seed"]):
+        raise InvalidInputError(f"seed must be an integer, got {options['seed']!r}")
+    return dict(options, seed=int(options["seed"]))
+
+
+AGGREGATION = {"aggregation": "l1"}
+
+register_method(Method(
+    "gradient_norm", _gradient_norm,
+    "Gradient Norm: the gradient of the target's logit w.r.t. each token's word embedding, aggregated over the "
+    "embedding dimensions (aggregation: l1 | l2 | sum)",
+    layered=False, options=AGGREGATION, check_options=_check_aggregation))
+register_method(Method(
+    "gradient_x_input", _gradient_x_input,
+    "Gradient x Input: gradient times word embedding, aggregated over the embedding dimensions",
+    layered=False, options=AGGREGATION, check_options=_check_aggregation))
+register_method(Method(
+    "integrated_gradients", _integrated_gradients,
+    "Integrated Gradients from a zero (or pad-token) embedding baseline to the word embeddings, as Captum "
+    "(n_steps, rule, internal_batch_size); reports the convergence delta",
+    layered=False, check_options=_check_ig,
+    options={"n_steps": 50, "baselines": "zero", "rule": "gausslegendre", "internal_batch_size": None,
+             **AGGREGATION}))
+register_method(Method(
+    "random", _random, "Random baseline: uniform [0, 1) scores, seeded by (seed, text); label-independent",
+    label_dependent=False, layered=False, options={"seed": 0}, check_options=_check_seed))

@@ -1,0 +1,136 @@
+"""The demo in a real browser: Debian's headless Chromium, driven by Playwright for Python.
+
+Serves the app in this process, types a sentence, submits, and checks that the highlighted tokens and the
+prediction appear; moves the layer slider; submits an empty text and checks the error message. The page is saved as
+``artifacts/demo-browser.png`` (the test artifact; ``NORMX_DEMO_SCREENSHOT`` overrides the path).
+
+Setup on a fresh machine: ``apt-get install -y chromium`` and ``pip install playwright`` (Playwright's own browser
+download is not used: the system browser is its executable).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+
+CHROMIUM = Path(os.environ.get("NORMX_CHROMIUM", "/usr/bin/chromium"))
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+if not CHROMIUM.is_file():
+    pytest.skip(f"no Chromium at {CHROMIUM}: install Debian's browser with `apt-get install -y chromium` "
+                "(or set NORMX_CHROMIUM)", allow_module_level=True)
+pytest.importorskip("gradio", reason="the demo needs gradio: pip install -e '.[demo]'")
+playwright = pytest.importorskip("playwright.sync_api", reason="the browser test needs `pip install playwright`")
+pytestmark = pytest.mark.filterwarnings("ignore:.*(no_silent_downcasting|copy keyword).*:Warning")  # gradio x pandas
+
+import minilm  # noqa: E402
+from demo_support import ROOT, load_app, preset_ready, serve  # noqa: E402
+
+app = load_app()
+SCREENSHOT = Path(os.environ.get("NORMX_DEMO_SCREENSHOT", ROOT / "artifacts" / "demo-browser.png"))
+TIMEOUT_MS = 60_000
+
+
+@pytest.fixture(scope="module")
+def model_name(tmp_path_factory):
+    """The offline default preset once trained; until then the real MiniLM with a seeded head, from a folder."""
+    if preset_ready("minilm-sst2"):
+        return "minilm-sst2"
+    return minilm.save_classifier(tmp_path_factory.mktemp("demo-browser-minilm"))
+
+
+@pytest.fixture(scope="module")
+def url(model_name):
+    blocks = app.build_demo(default_model=model_name, locked=False)
+    with serve(blocks) as address:
+        yield address
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with playwright.sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+@pytest.fixture
+def page(browser, url):
+    """A page that may only reach the local server: any other request is aborted (and recorded), so an offline
+    machine never waits on fonts, analytics or CDNs."""
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = context.new_page()
+    page.set_default_timeout(TIMEOUT_MS)
+    local = urlparse(url).netloc
+    page.outside = []
+
+    def route(r):
+        if urlparse(r.request.url).netloc == local or r.request.url.startswith(("data:", "blob:")):
+            r.continue_()
+        else:
+            page.outside.append(r.request.url)
+            r.abort()
+
+    page.route("**/*", route)
+    yield page
+    context.close()
+
+
+def test_explain_in_the_browser(page, url, model_name):
+    text = "a gripping, beautifully acted film"
+    page.goto(url, wait_until="domcontentloaded")
+    box = page.locator("#normx-text textarea")
+    box.fill(text)
+    page.locator("#normx-explain").click()
+
+    prediction = page.locator("#normx-prediction")
+    playwright.expect(prediction).to_contain_text("Prediction:", timeout=TIMEOUT_MS)
+    tokens = page.locator("#normx-label-0 .score-token")
+    playwright.expect(tokens.first).to_be_visible()
+    shown = [t.strip() for t in tokens.all_inner_texts()]
+    assert [t for t in shown if t] == ["a", "gripping", ",", "beautifully", "acted", "film"]
+    playwright.expect(page.locator("#normx-label-1 .score-token").first).to_be_visible()
+    playwright.expect(page.locator("#normx-probabilities")).to_contain_text("positive")
+    playwright.expect(page.locator("#normx-label-0")).to_contain_text("layer 6")
+    label = prediction.inner_text()
+    assert re.search(r"Prediction: (positive|negative) \(p = 0\.\d{3}\)", label), label
+    if model_name == "minilm-sst2":
+        assert "positive" in label
+
+    # the layer slider re-renders from the state: the views' titles follow it
+    slider = page.locator("#normx-layer input[type=range]")
+    slider.focus()
+    slider.press("Home")
+    playwright.expect(page.locator("#normx-label-0")).to_contain_text("layer 0")
+
+    SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+    slider.press("End")
+    playwright.expect(page.locator("#normx-label-0")).to_contain_text("layer 6")
+    page.screenshot(path=str(SCREENSHOT), full_page=True)
+    assert SCREENSHOT.stat().st_size > 10_000
+
+    # several methods side by side for the same input
+    page.get_by_role("tab", name="Compare methods").click()
+    page.locator("#normx-compare").click()
+    for method in ("normxlogit", "logat", "gradient_x_input"):
+        playwright.expect(page.locator(f"#normx-compare-{method} .score-token").first).to_be_visible()
+        playwright.expect(page.locator(f"#normx-compare-{method}")).to_contain_text(method)
+    playwright.expect(page.locator("#normx-compare-gradient_x_input")).to_contain_text("no per-layer scores")
+
+    # errors are messages in the page; the app goes on serving
+    box.fill("")
+    page.locator("#normx-explain").click()
+    playwright.expect(page.get_by_text("the text is empty").first).to_be_visible()
+    box.fill("a dull film")
+    page.locator("#normx-explain").click()
+    page.get_by_role("tab", name="Per label").click()
+    playwright.expect(page.locator("#normx-label-0")).to_contain_text("dull")
+
+    assert page.outside == [], f"the page tried to reach the network: {page.outside}"
