@@ -68,11 +68,14 @@ def load(task: str, split: str, path: str | os.PathLike | None = None) -> list[E
 def _read(task: str, folder: Path, split: str = "dev") -> list[Example]:
     labels = LABELS[task]
     if task == "sst2":
-        return [Example(r["sentence"].strip(), None, int(r["label"])) for r in _tsv(folder / "sst2" / f"{split}.tsv")]
+        rows = _tsv(folder / "sst2" / f"{split}.tsv")
+        return [Example(r["sentence"].strip(), None, int(r["label"])) for r in rows]
     if task == "stsb":
-        return [Example(r["sentence1"], r["sentence2"], float(r["score"])) for r in _tsv(folder / "stsb" / f"{split}.tsv")]
+        rows = _tsv(folder / "stsb" / f"{split}.tsv")
+        return [Example(r["sentence1"], r["sentence2"], float(r["score"])) for r in rows]
     if task == "qnli":
-        return [Example(r["question"], r["sentence"], labels.index(r["label"])) for r in _tsv(folder / "qnli" / "dev.tsv")]
+        rows = _tsv(folder / "qnli" / "dev.tsv")
+        return [Example(r["question"], r["sentence"], labels.index(r["label"])) for r in rows]
     with open(_exists(folder / "mnli" / "dev_matched.jsonl"), encoding="utf-8") as handle:
         rows = [json.loads(line) for line in handle if line.strip()]
     return [Example(r["premise"], r["hypothesis"], labels.index(r["label"])) for r in rows]

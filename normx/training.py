@@ -116,7 +116,7 @@ def train(recipe: Recipe, build: Callable[[], tuple], out: str | Path, data_path
     if recipe.train_limit is not None and recipe.train_limit < len(examples):
         examples = rng.sample(examples, recipe.train_limit)
     steps_per_epoch = math.ceil(len(examples) / recipe.batch_size)
-    total = max(1, int(round(steps_per_epoch * recipe.epochs)))
+    total = max(1, round(steps_per_epoch * recipe.epochs))
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=recipe.lr, weight_decay=0.01)
     warmup = max(1, int(total * recipe.warmup))

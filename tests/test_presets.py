@@ -60,9 +60,9 @@ def test_minilm_presets_load_offline_and_explain(name):
 @pytest.mark.parametrize("name", TRAINED)
 def test_reported_metric_is_reproduced(name):
     """Re-evaluates the shipped adapter on the dev data; the figure must match the one in metrics.json."""
-    from normx.training import evaluate
-
     from test_data import SHARED
+
+    from normx.training import evaluate
 
     preset = presets.PRESETS[name]
     model, tokenizer = normx.load_model(name)
