@@ -34,6 +34,7 @@ from demo_support import ROOT, load_app, preset_ready, serve  # noqa: E402
 app = load_app()
 SCREENSHOT = Path(os.environ.get("NORMX_DEMO_SCREENSHOT", ROOT / "artifacts" / "demo-browser.png"))
 TIMEOUT_MS = 60_000
+playwright.expect.set_options(timeout=TIMEOUT_MS)  # every expectation waits as long as the page does (busy CI)
 
 
 @pytest.fixture(scope="module")
