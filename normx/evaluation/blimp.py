@@ -1,0 +1,477 @@
+"""Evidence alignment on BLiMP: do per-layer attributions point at the word that decides the target word?
+
+For each minimal pair (see :mod:`normx.evaluation.evidence` for the target and evidence rules) the model is asked
+for the good target word against the bad one (the foil):
+
+- **masked-LM** models (a ``...ForMaskedLM`` head): the sentence with the target word replaced by the mask
+  token; scores are read at the mask, whose own position is left out of the alignment.
+- **causal-LM** models: the prefix before the target word; the target is the next token. Only pairs whose
+  evidence precedes the target can be scored (true of every paradigm here).
+
+Words may split into several tokens: the target and foil are the *first* token of the good and bad word as the
+tokenizer splits them in context (for a causal LM: the token that follows the prefix in the tokenized sentence,
+a leading-space token included); pairs where the two coincide are skipped and counted. The evidence is the first
+token of the evidence word, found through the explanation's character offsets. Special tokens stay among the
+ranked tokens, as in the paper's code.
+
+Curves: for every method, the mean Dot Product and Average Precision (:mod:`normx.evaluation.alignment`) per layer,
+per paradigm and pooled over all of them. ``logat`` gives two curves, LogAt(target) and LogAt(foil) (the head's
+logit of the foil token on each token). Any registered method can be named; those that do not support the model
+are reported as not applicable. Methods without per-layer scores (``random``, gradients) give one value, drawn as
+a flat line.
+
+Command: ``normx evaluate blimp --model M --paradigms ana dna ... --out DIR`` writes ``blimp.json``,
+``curves.csv``, ``summary.csv``, ``coverage.csv``, ``dp.png`` and ``ap.png``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import random
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import InvalidInputError, NormxError
+from . import evidence as ev
+from .alignment import average_precision, dot_product
+
+METRICS = {"dp": "Dot Product", "ap": "Average Precision"}
+DEFAULT_METHODS = ("logat", "normxlogit", "l2norm", "random")
+DECOMPOSITION = ("globenc", "alti", "value_zeroing", "decompx")  # added to the defaults when registered
+LABELS = {"logat_target": "LogAt(target)", "logat_foil": "LogAt(foil)", "normxlogit": "NormXLogit",
+          "l2norm": "ℓ2 norm", "random": "random"}
+SETTINGS = {"masked_lm": "masked", "causal_lm": "causal"}
+
+
+@dataclass(frozen=True)
+class Item:
+    """A pair made ready for one model: the text it reads and the token ids to explain."""
+
+    pair: ev.Pair
+    text: str
+    target_id: int
+    foil_id: int
+    evidence_spans: tuple[tuple[int, int], ...]  # character spans in ``text``
+
+
+# ---- preparing pairs for a model ---------------------------------------------------------------------------------
+
+def first_token(tokenizer, text: str, span: tuple[int, int]) -> int | None:
+    """The id of the first token that overlaps the character span ``span`` of ``text`` (None if none does)."""
+    enc = tokenizer(text, return_offsets_mapping=True, add_special_tokens=True)
+    for token_id, (start, end) in zip(enc["input_ids"], enc["offset_mapping"]):
+        if start < span[1] and end > span[0]:
+            return int(token_id)
+    return None
+
+
+def next_token(tokenizer, sentence: str, prefix: str) -> int | None:
+    """The id of the token a causal LM reads right after ``prefix`` in ``sentence`` (None if the prefix does not
+    tokenize the same inside the sentence, so the model would not see that token next)."""
+    kwargs = dict(return_offsets_mapping=True, return_special_tokens_mask=True, add_special_tokens=True)
+    full, alone = tokenizer(sentence, **kwargs), tokenizer(prefix, **kwargs)
+    plain = [i for i, s in zip(alone["input_ids"], alone["special_tokens_mask"]) if not s]
+    before = []
+    for token_id, (_, end), special in zip(full["input_ids"], full["offset_mapping"], full["special_tokens_mask"]):
+        if special:
+            continue
+        if end > len(prefix):
+            return int(token_id) if before == plain else None
+        before.append(token_id)
+    return None
+
+
+def prepare(pairs: Sequence[ev.Pair], tokenizer, kind: str) -> tuple[list[Item], Counter, dict[str, str]]:
+    """Items for a ``kind`` ("masked_lm" / "causal_lm") model, and the pairs skipped (reason -> count, examples)."""
+    items, skipped, examples = [], Counter(), {}
+
+    def skip(reason, pair):
+        skipped[reason] += 1
+        examples.setdefault(reason, pair.sentence)
+
+    for pair in pairs:
+        start, end = pair.target_span
+        if kind == "causal_lm":
+            if any(s[1] > start for s in pair.evidence_spans):
+                skip("the evidence does not precede the target", pair)
+                continue
+            if not pair.prefix:
+                skip("the target word starts the sentence", pair)
+                continue
+            target = next_token(tokenizer, pair.sentence, pair.prefix)
+            foil = next_token(tokenizer, pair.bad_sentence, pair.prefix)
+        else:
+            target = first_token(tokenizer, pair.sentence, pair.target_span)
+            foil = first_token(tokenizer, pair.bad_sentence, pair.bad_span)
+        if target is None or foil is None:
+            skip("the prefix tokenizes differently inside the sentence" if kind == "causal_lm"
+                 else "the target word has no token", pair)
+            continue
+        if target == foil:
+            skip("good and bad words start with the same token", pair)
+            continue
+        if kind == "causal_lm":
+            items.append(Item(pair, pair.prefix, target, foil, pair.evidence_spans))
+        else:
+            mask = tokenizer.mask_token
+            text = pair.sentence[:start] + mask + pair.sentence[end:]
+            shift = len(mask) - (end - start)
+            spans = tuple(s if s[1] <= start else (s[0] + shift, s[1] + shift) for s in pair.evidence_spans)
+            items.append(Item(pair, text, target, foil, spans))
+    return items, skipped, examples
+
+
+def positions(explanation, item: Item, mask_token: str | None) -> tuple[list[int], list[int]] | None:
+    """(evidence token positions, excluded positions) in an explanation of ``item.text``; None if the evidence
+    is not among its tokens (e.g. truncated)."""
+    found = []
+    for span in item.evidence_spans:
+        hits = [i for i, (a, b) in enumerate(explanation.offsets) if a < span[1] and b > span[0]]
+        if not hits:
+            return None
+        found.append(hits[0])
+    exclude = [i for i, t in enumerate(explanation.tokens) if mask_token is not None and t == mask_token][:1]
+    return found, exclude
+
+
+# ---- running the methods -----------------------------------------------------------------------------------------
+
+def resolve_methods(names: Sequence[str] | None) -> list[str]:
+    """Method names to run (default: LogAt, NormXLogit, l2, random and whichever decomposition baselines are
+    registered); unknown names raise, listing the registered ones."""
+    from ..methods import get_method, list_methods
+
+    if names is None:
+        names = list(DEFAULT_METHODS) + [m for m in DECOMPOSITION if m in list_methods()]
+    names = list(dict.fromkeys(names))
+    if not names:
+        raise InvalidInputError(f"no methods given; choose from {', '.join(list_methods())}")
+    for name in names:
+        get_method(name)
+    return names
+
+
+def curve_names(method: str) -> list[str]:
+    return ["logat_target", "logat_foil"] if method == "logat" else [method]
+
+
+def _explain_batch(model, tokenizer, method, items: list[Item], seed: int) -> dict[str, list[tuple]]:
+    """Scores [layers, tokens] of each item for each of the method's curves, with the explanations."""
+    import normx
+
+    from ..methods import get_method
+
+    spec = get_method(method)
+    options = {"seed": seed} if "seed" in spec.options else {}
+    layer = "all" if spec.layered else None
+    texts = [item.text for item in items]
+    if method == "logat":
+        wanted = list(dict.fromkeys([i.target_id for i in items] + [i.foil_id for i in items]))
+    elif spec.label_dependent:
+        wanted = list(dict.fromkeys(i.target_id for i in items))
+    else:
+        wanted = None
+    results = normx.explain(model, tokenizer, texts, method=method, target=wanted, layer=layer,
+                            batch_size=len(texts), **options)
+    out: dict[str, list[tuple]] = {name: [] for name in curve_names(method)}
+    for item, explanation in zip(items, results):
+        if method == "logat":
+            out["logat_target"].append((explanation, explanation.scores[wanted.index(item.target_id)]))
+            out["logat_foil"].append((explanation, explanation.scores[wanted.index(item.foil_id)]))
+        else:
+            row = 0 if wanted is None else wanted.index(item.target_id)
+            out[method].append((explanation, explanation.scores[row]))
+    return out
+
+
+def evaluate_blimp(model, tokenizer, paradigms: Sequence[str] = ev.DEFAULT_PARADIGMS,
+                   methods: Sequence[str] | None = None, *, data=None, limit: int | None = None, seed: int = 0,
+                   batch_size: int = 16, progress: bool = True) -> dict:
+    """Run the evidence-alignment experiment; returns a JSON-ready dict (see :func:`write_outputs`).
+
+    ``limit``: at most this many covered pairs per paradigm, a sample drawn with ``seed`` (kept in file order).
+    """
+    from tqdm.auto import tqdm
+
+    from ..adapters import get_adapter, unwrap_model
+
+    base = unwrap_model(model)
+    adapter = get_adapter(model)
+    if adapter.kind not in SETTINGS:
+        raise InvalidInputError(
+            f"BLiMP alignment needs a language-model head (masked or causal); {type(base).__name__} has a "
+            f"{adapter.kind} head. Use e.g. a ...ForMaskedLM or ...ForCausalLM model")
+    if adapter.kind == "masked_lm" and tokenizer.mask_token is None:
+        raise InvalidInputError(f"{type(base).__name__} is a masked LM but its tokenizer has no mask token")
+    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
+        raise InvalidInputError(f"limit must be a positive integer or None, got {limit!r}")
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+        raise InvalidInputError(f"batch_size must be a positive integer, got {batch_size!r}")
+    chosen = [ev.get_paradigm(p) for p in dict.fromkeys(paradigms)]
+    if not chosen:
+        raise InvalidInputError(f"no paradigms given; choose from {', '.join(ev.PARADIGMS)}")
+    methods = resolve_methods(methods)
+    mask_token = tokenizer.mask_token if adapter.kind == "masked_lm" else None
+
+    from ..methods import get_method
+
+    status = {m: {"status": "ok", "layered": get_method(m).layered} for m in methods}
+    values: dict[str, dict[str, dict[str, list[np.ndarray]]]] = {}  # paradigm -> curve -> metric -> per-pair rows
+    coverage, timings = {}, {}
+    layers = list(range(adapter.num_layers(base) + 1))
+    for paradigm in chosen:
+        started = time.perf_counter()
+        extraction = ev.extract(ev.load_rows(paradigm, data), paradigm)
+        sampled = extraction.pairs
+        if limit is not None and limit < len(sampled):
+            keep = sorted(random.Random(f"{seed}:{paradigm.key}").sample(range(len(sampled)), limit))
+            sampled = [sampled[i] for i in keep]
+        items, skipped, examples = prepare(sampled, tokenizer, adapter.kind)
+        bar = tqdm(total=math.ceil(len(items) / batch_size) * len(methods), desc=f"blimp {paradigm.key}",
+                   disable=not progress)
+        with bar:
+            per_curve, missing = _score(model, tokenizer, items, methods, status, values, mask_token, batch_size,
+                                        seed, bar)
+        if missing:
+            skipped["the evidence token is not in the model's input"] = missing
+        coverage[paradigm.key] = {
+            "uid": paradigm.uid, "evidence": paradigm.evidence, "pairs": extraction.total,
+            "covered_by_rules": len(extraction.pairs), "not_covered": dict(extraction.skipped),
+            "not_covered_examples": extraction.examples, "sampled": len(sampled), "evaluated": len(items) - missing,
+            "skipped_for_model": dict(skipped), "skipped_examples": examples}
+        values[paradigm.key] = per_curve
+        timings[paradigm.key] = round(time.perf_counter() - started, 2)
+
+    curves = _aggregate(values, layers)
+    return {
+        "model": type(base).__name__, "setting": SETTINGS[adapter.kind], "layers": layers,
+        "paradigms": [p.key for p in chosen], "methods": status, "coverage": coverage, "curves": curves,
+        "summary": _summarise(curves, layers),
+        "settings": {"limit": limit, "seed": seed, "batch_size": batch_size, "seconds": timings,
+                     "dtype": str(next(base.parameters()).dtype).replace("torch.", ""),
+                     "device": str(next(base.parameters()).device)},
+    }
+
+
+def _score(model, tokenizer, items: list[Item], methods: list[str], status: dict, values: dict,
+           mask_token: str | None, batch_size: int, seed: int, bar) -> tuple[dict, int]:
+    """DP and AP rows (curve -> metric -> one array per pair) of one paradigm's items, and how many items had no
+    evidence token in the model's input. A method that raises a normx error becomes "not applicable" and its
+    curves are dropped everywhere (``values`` holds the paradigms done so far)."""
+    per_curve: dict[str, dict[str, list[np.ndarray]]] = {}
+    found: dict[int, tuple[list[int], list[int]] | None] = {}
+    batches = [items[i:i + batch_size] for i in range(0, len(items), batch_size)]
+    for method in methods:
+        for batch_index, batch in enumerate(batches):
+            if status[method]["status"] != "ok":
+                bar.update(len(batches) - batch_index)
+                break
+            try:
+                curves = _explain_batch(model, tokenizer, method, batch, seed)
+            except (NormxError, NotImplementedError) as exc:
+                status[method] = {"status": "not applicable", "reason": str(exc), "layered": None}
+                for stored in [per_curve, *values.values()]:
+                    for name in curve_names(method):
+                        stored.pop(name, None)
+                bar.update(len(batches) - batch_index)
+                break
+            for name, rows in curves.items():
+                for offset, (explanation, scores) in enumerate(rows):
+                    index = batch_index * batch_size + offset
+                    if index not in found:
+                        found[index] = positions(explanation, batch[offset], mask_token)
+                    if found[index] is None:
+                        continue
+                    evidence_at, exclude = found[index]
+                    metric_rows = per_curve.setdefault(name, {"dp": [], "ap": []})
+                    metric_rows["dp"].append(dot_product(scores, evidence_at, exclude))
+                    metric_rows["ap"].append(average_precision(scores, evidence_at, exclude))
+            bar.update(1)
+    return per_curve, sum(1 for v in found.values() if v is None)
+
+
+def _as_layers(rows: list[np.ndarray], layers: list[int]) -> np.ndarray:
+    """[pairs, layers]; a method without per-layer scores has one column, repeated for every layer."""
+    matrix = np.asarray([np.atleast_1d(r) for r in rows], dtype=np.float64)
+    if matrix.shape[1] == 1 and len(layers) > 1:
+        matrix = np.repeat(matrix, len(layers), axis=1)
+    return matrix
+
+
+def _aggregate(values: dict, layers: list[int]) -> dict:
+    """metric -> group (paradigm or "all") -> curve -> {"mean", "sem", "n"} over the pairs, per layer."""
+    out = {metric: {} for metric in METRICS}
+    pooled: dict[str, dict[str, list[np.ndarray]]] = {}
+    for paradigm, per_curve in values.items():
+        for name, per_metric in per_curve.items():
+            for metric, rows in per_metric.items():
+                if not rows:
+                    continue
+                matrix = _as_layers(rows, layers)
+                out[metric].setdefault(paradigm, {})[name] = _stats(matrix)
+                pooled.setdefault(metric, {}).setdefault(name, []).append(matrix)
+    if len(values) > 1:
+        for metric, per_curve in pooled.items():
+            out[metric]["all"] = {name: _stats(np.concatenate(mats)) for name, mats in per_curve.items()}
+    return out
+
+
+def _stats(matrix: np.ndarray) -> dict:
+    n = matrix.shape[0]
+    mean = matrix.mean(axis=0)
+    sem = matrix.std(axis=0, ddof=1) / math.sqrt(n) if n > 1 else np.full_like(mean, np.nan)
+    return {"mean": [float(v) for v in mean], "sem": [None if math.isnan(v) else float(v) for v in sem], "n": n}
+
+
+def _summarise(curves: dict, layers: list[int]) -> list[dict]:
+    rows = []
+    for metric, groups in curves.items():
+        for group, per_curve in groups.items():
+            for name, stats in per_curve.items():
+                mean = np.asarray(stats["mean"])
+                best = int(mean.argmax())
+                rows.append({"paradigm": group, "curve": name, "metric": metric, "n": stats["n"],
+                             "mean_over_layers": float(mean.mean()), "best_layer": layers[best],
+                             "best": float(mean[best]), "first_layer": float(mean[0]), "last_layer": float(mean[-1])})
+    return rows
+
+
+# ---- outputs -----------------------------------------------------------------------------------------------------
+
+def write_outputs(result: dict, out: str | Path, plots: bool = True) -> list[Path]:
+    """``blimp.json`` (everything), ``curves.csv``, ``summary.csv``, ``coverage.csv`` and, with ``plots``,
+    ``dp.png`` / ``ap.png`` (mean alignment vs layer, one line per method, one panel per paradigm)."""
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    written = [folder / "blimp.json", folder / "curves.csv", folder / "summary.csv", folder / "coverage.csv"]
+    written[0].write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    layers = result["layers"]
+    with open(written[1], "w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["paradigm", "curve", "metric", "layer", "mean", "sem", "n"])
+        for metric, groups in result["curves"].items():
+            for group, per_curve in groups.items():
+                for name, stats in per_curve.items():
+                    for layer, mean, sem in zip(layers, stats["mean"], stats["sem"]):
+                        writer.writerow([group, name, metric, layer, f"{mean:.6f}",
+                                         "" if sem is None else f"{sem:.6f}", stats["n"]])
+    _write_rows(written[2], result["summary"])
+    _write_rows(written[3], [
+        {"paradigm": key, "uid": c["uid"], "pairs": c["pairs"], "covered_by_rules": c["covered_by_rules"],
+         "sampled": c["sampled"], "evaluated": c["evaluated"],
+         "skipped_for_model": "; ".join(f"{k}: {v}" for k, v in c["skipped_for_model"].items())}
+        for key, c in result["coverage"].items()])
+    if plots:
+        for metric in METRICS:
+            written.append(plot(result, metric, folder / f"{metric}.png"))
+    return written
+
+
+def _write_rows(file: Path, rows: list[dict]) -> None:
+    with open(file, "w", newline="", encoding="utf-8") as handle:
+        if not rows:
+            return
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: f"{v:.6f}" if isinstance(v, float) else v for k, v in row.items()})
+
+
+def plot(result: dict, metric: str, file: str | Path) -> Path:
+    """Mean ``metric`` ("dp" or "ap") vs layer, one line per curve, one panel per paradigm (+ "all")."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = result["curves"][metric]
+    order = [g for g in result["paradigms"] if g in groups] + (["all"] if "all" in groups else [])
+    if not order:
+        raise InvalidInputError(f"no {metric} curves to plot: no pair was evaluated")
+    names = list(dict.fromkeys(n for g in order for n in groups[g]))
+    colours = {name: plt.get_cmap("tab10")(i % 10) for i, name in enumerate(names)}
+    flat = {m for m, s in result["methods"].items() if s.get("layered") is False}
+    columns = min(3, len(order))
+    rows = math.ceil(len(order) / columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(4.6 * columns, 3.6 * rows), squeeze=False)
+    layers = result["layers"]
+    for ax, group in zip(axes.flat, order):
+        for name in names:
+            if name not in groups[group]:
+                continue
+            stats = groups[group][name]
+            dashed = name in flat
+            ax.plot(layers, stats["mean"], color=colours[name], linestyle="--" if dashed else "-",
+                    marker=None if dashed else "o", markersize=3, linewidth=1.4, label=LABELS.get(name, name))
+        n = max(s["n"] for s in groups[group].values())
+        ax.set_title(f"{group} (n={n})")
+        ax.set_xlabel("layer")
+        ax.set_ylabel(f"mean {metric.upper()}")
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(order):]:
+        ax.axis("off")
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 6), frameon=False)
+    fig.suptitle(f"BLiMP evidence alignment: {METRICS[metric]} ({result['model']}, {result['setting']} LM)")
+    fig.tight_layout(rect=(0, 0.08, 1, 0.95))
+    fig.savefig(file, dpi=120)
+    plt.close(fig)
+    return Path(file)
+
+
+# ---- command line ------------------------------------------------------------------------------------------------
+
+def add_parser(subparsers):
+    parser = subparsers.add_parser(
+        "blimp", help="evidence alignment on BLiMP (Dot Product, Average Precision per layer)",
+        description="Per-layer alignment of attributions with the evidence word of BLiMP minimal pairs, for a "
+                    "masked-LM or causal-LM model.")
+    parser.add_argument("--model", required=True, help="a preset (e.g. smollm2), a model folder or a hub id")
+    parser.add_argument("--paradigms", nargs="+", default=list(ev.DEFAULT_PARADIGMS), metavar="P",
+                        help=f"BLiMP paradigms: {', '.join(ev.PARADIGMS)} (default: {' '.join(ev.DEFAULT_PARADIGMS)})")
+    parser.add_argument("--methods", nargs="+", default=None, metavar="M",
+                        help="registered methods (`normx methods`); default: logat (target and foil curves), "
+                             "normxlogit, l2norm, random and the registered decomposition baselines")
+    parser.add_argument("--data", default=None, help="data folder holding blimp/ (default: $NORMX_DATA, else the "
+                                                     "hub when online)")
+    parser.add_argument("--limit", type=int, default=None, help="at most N covered pairs per paradigm (a seeded "
+                                                                 "sample); default: all")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the --limit sample and of `random`")
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--out", required=True, help="output folder")
+    parser.add_argument("--no-plots", action="store_true")
+    parser.add_argument("--no-progress", action="store_true")
+    parser.set_defaults(func=_run)
+    return parser
+
+
+def _run(args) -> int:
+    import normx
+
+    model, tokenizer = normx.load_model(args.model)
+    result = evaluate_blimp(model, tokenizer, args.paradigms, args.methods, data=args.data, limit=args.limit,
+                            seed=args.seed, batch_size=args.batch_size, progress=not args.no_progress)
+    result["settings"]["model"] = args.model
+    for file in write_outputs(result, args.out, plots=not args.no_plots):
+        print(file)
+    _print_table(result)
+    return 0
+
+
+def _print_table(result: dict) -> None:
+    """The pooled (or single-paradigm) mean over layers and best layer of each curve."""
+    group = "all" if len(result["paradigms"]) > 1 else result["paradigms"][0]
+    rows = [r for r in result["summary"] if r["paradigm"] == group]
+    if not rows:
+        return
+    print(f"\n{group}: {'curve':<16} {'metric':<6} {'mean':>7} {'best':>7} {'@layer':>6} {'last':>7}")
+    for r in sorted(rows, key=lambda r: (r["metric"], r["curve"])):
+        print(f"{'':<{len(group) + 2}}{r['curve']:<16} {r['metric']:<6} {r['mean_over_layers']:7.3f} "
+              f"{r['best']:7.3f} {r['best_layer']:>6} {r['last_layer']:7.3f}")

@@ -1,0 +1,363 @@
+"""BLiMP evidence alignment: metrics on synthetic cases with known answers, evidence rules on hand-checked pairs
+from every paradigm, pair preparation for masked / causal LMs, and `normx evaluate blimp` end to end on tiny
+models (fast) and on SmolLM2 (slow)."""
+
+import csv
+import json
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tiny
+
+import normx
+from normx.errors import InvalidInputError, UnknownMethodError
+from normx.evaluation import blimp
+from normx.evaluation import evidence as ev
+from normx.evaluation.alignment import average_precision, dot_product
+
+SHARED = Path(os.environ.get("NORMX_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+needs_data = pytest.mark.skipif(not (SHARED / "blimp").is_dir(), reason="the shared BLiMP data folder is not here")
+
+
+# ---- metrics -------------------------------------------------------------------------------------------------------
+
+def test_all_mass_at_the_evidence_gives_dp_1_and_ap_1():
+    scores = [0.0, 0.0, 1000.0, 0.0]
+    assert dot_product(scores, [2]) == pytest.approx(1.0)
+    assert average_precision(scores, [2]) == 1.0
+
+
+def test_evidence_ranked_last_gives_ap_1_over_n():
+    scores = [5.0, 4.0, 3.0, 2.0, 1.0]
+    assert average_precision(scores, [4]) == pytest.approx(1 / 5)
+    assert average_precision(scores, [2]) == pytest.approx(1 / 3)
+
+
+def test_dot_product_is_the_softmax_mass_at_the_evidence():
+    scores = np.array([1.0, 2.0, 0.5, -1.0])
+    softmax = np.exp(scores) / np.exp(scores).sum()
+    assert dot_product(scores, [1]) == pytest.approx(softmax[1])
+    assert dot_product(scores, [0, 3]) == pytest.approx(softmax[0] + softmax[3])
+    assert dot_product(np.zeros(8), [3]) == pytest.approx(1 / 8)  # uniform scores: |E| / n
+
+
+def test_target_position_is_excluded():
+    # the target carries the largest score; without it the evidence is first and holds all the mass
+    scores = [0.0, 50.0, 1000.0, 0.0]
+    assert average_precision(scores, [1]) == pytest.approx(1 / 2)
+    assert average_precision(scores, [1], exclude=[2]) == 1.0
+    assert dot_product(scores, [1]) == pytest.approx(0.0, abs=1e-12)
+    assert dot_product(scores, [1], exclude=[2]) == pytest.approx(1.0)
+    # softmax over the 3 remaining tokens: e^1 / (e^0 + e^1 + e^0)
+    assert dot_product([0.0, 1.0, 9.0, 0.0], [1], exclude=[2]) == pytest.approx(math.e / (2 + math.e))
+
+
+def test_average_precision_with_several_evidence_tokens():
+    # ranking 0 > 1 > 2 > 3; evidence at ranks 2 and 4: (1/2 + 2/4) / 2
+    assert average_precision([4.0, 3.0, 2.0, 1.0], [1, 3]) == pytest.approx(0.5)
+    assert average_precision([4.0, 3.0, 2.0, 1.0], [0, 1]) == 1.0
+
+
+def test_ties_give_the_expected_ap_over_their_orders():
+    # all equal: the evidence is equally likely at every rank -> mean of 1/r
+    assert average_precision(np.zeros(4), [0]) == pytest.approx(np.mean(1 / np.arange(1, 5)))
+    assert average_precision(np.zeros(4), [3]) == average_precision(np.zeros(4), [0])  # position does not matter
+    # one higher token, then the evidence tied with one other: rank 2 or 3
+    assert average_precision([9.0, 1.0, 1.0], [2]) == pytest.approx((1 / 2 + 1 / 3) / 2)
+    # two evidence tokens tied with one other: orders EEx, ExE, xEE -> APs 1, (1 + 2/3)/2, (1/2 + 2/3)/2
+    expected = np.mean([1.0, (1 + 2 / 3) / 2, (1 / 2 + 2 / 3) / 2])
+    assert average_precision([1.0, 1.0, 1.0], [0, 2]) == pytest.approx(expected)
+
+
+def test_metrics_per_layer():
+    scores = np.array([[0.0, 9.0, 1.0], [9.0, 0.0, 1.0]])
+    assert average_precision(scores, [1]) == pytest.approx([1.0, 1 / 3])
+    dp = dot_product(scores, [1])
+    assert dp.shape == (2,) and dp[0] > 0.99 and dp[1] < 0.01
+
+
+def test_metric_input_errors():
+    with pytest.raises(InvalidInputError, match="no evidence"):
+        dot_product([1.0, 2.0], [])
+    with pytest.raises(InvalidInputError, match="outside"):
+        average_precision([1.0, 2.0], [5])
+    with pytest.raises(InvalidInputError, match="also excluded"):
+        dot_product([1.0, 2.0], [1], exclude=[1])
+    with pytest.raises(InvalidInputError, match="NaN"):
+        average_precision([1.0, float("nan")], [0])
+
+
+# ---- evidence rules ------------------------------------------------------------------------------------------------
+
+def _row(good, bad, pair_id="0"):
+    return {"sentence_good": good, "sentence_bad": bad, "pairID": pair_id}
+
+
+# hand-checked pairs from each paradigm's file (pairID in the comment): (good, bad, target, foil, evidence)
+HAND_CHECKED = {
+    "ana": [
+        ("Susan revealed herself.", "Susan revealed themselves.", "herself", "themselves", "Susan"),  # 0
+        ("These patients do respect themselves.", "These patients do respect himself.", "themselves", "himself",
+         "patients"),  # 2
+        ("Senators might talk about themselves.", "Senators might talk about itself.", "themselves", "itself",
+         "Senators"),  # 779
+        ("A lot of senators watched themselves.", "A lot of senators watched herself.", "themselves", "herself",
+         "senators"),  # 618
+        ("The Impressionists like themselves.", "The Impressionists like himself.", "themselves", "himself",
+         "Impressionists"),  # 202: "like" is the verb here, not a preposition
+        ("Harvard University shocks itself.", "Harvard University shocks themselves.", "itself", "themselves",
+         "University"),  # 258
+    ],
+    "dna": [
+        ("Raymond is selling this sketch.", "Raymond is selling this sketches.", "sketch", "sketches", "this"),  # 0
+        ("Craig explored that grocery store.", "Craig explored that grocery stores.", "store", "stores", "that"),  # 1
+        ("Eva has scared these children.", "Eva has scared these child.", "children", "child", "these"),  # 2
+        ("A lot of girls examined those essays.", "A lot of girls examined those essay.", "essays", "essay",
+         "those"),  # 483
+    ],
+    "dnaa": [
+        ("Rebecca was criticizing those good documentaries.", "Rebecca was criticizing those good documentary.",
+         "documentaries", "documentary", "those"),  # 0
+        ("All banks distract these out in the open adults.", "All banks distract these out in the open adult.",
+         "adults", "adult", "these"),  # 137: "the" inside the adjective is not the evidence
+        ("This window hasn't astounded that lost dancer.", "This window hasn't astounded that lost dancers.",
+         "dancer", "dancers", "that"),  # 779
+    ],
+    "darn": [
+        ("A niece of most senators hasn't descended most slopes.",
+         "A niece of most senators haven't descended most slopes.", "hasn't", "haven't", "niece"),  # 0
+        ("A newspaper article about the Borgias has disagreed with Marcus.",
+         "A newspaper article about the Borgias have disagreed with Marcus.", "has", "have", "article"),  # 2
+        ("A cousin of a lot of dancers anticipates Naomi to aggravate Angela.",
+         "A cousin of a lot of dancers anticipate Naomi to aggravate Angela.", "anticipates", "anticipate",
+         "cousin"),  # 6
+    ],
+    "rpsv": [
+        ("Paula references Robert.", "Paula reference Robert.", "references", "reference", "Paula"),  # 0
+        ("Most legislatures haven't disliked children.", "Most legislatures hasn't disliked children.", "haven't",
+         "hasn't", "legislatures"),  # 1
+        ("A lot of cashiers impress Lawrence.", "A lot of cashiers impresses Lawrence.", "impress", "impresses",
+         "cashiers"),  # 821
+    ],
+    "ipsv": [
+        ("Those radii have scared that teenager.", "Those radii has scared that teenager.", "have", "has",
+         "radii"),  # 0
+        ("This goose isn't bothering Edward.", "This goose weren't bothering Edward.", "isn't", "weren't",
+         "goose"),  # 1
+        ("A lot of alumni aren't stunning Craig.", "A lot of alumni isn't stunning Craig.", "aren't", "isn't",
+         "alumni"),  # 192
+    ],
+}
+
+
+@pytest.mark.parametrize("key", sorted(HAND_CHECKED))
+def test_evidence_rules_on_hand_checked_pairs(key):
+    paradigm = ev.get_paradigm(key)
+    for good, bad, target, foil, evidence in HAND_CHECKED[key]:
+        pair = ev.extract_pair(_row(good, bad), paradigm)
+        assert isinstance(pair, ev.Pair), (good, pair)
+        assert (pair.good, pair.bad, pair.evidence) == (target, foil, (evidence,)), good
+        start, end = pair.evidence_spans[0]
+        assert good[start:end] == evidence
+        assert good[slice(*pair.target_span)] == target and bad[slice(*pair.bad_span)] == foil
+        assert pair.evidence_spans[0][1] <= pair.target_span[0]  # the evidence precedes the target
+        assert pair.prefix == good[:pair.target_span[0]].rstrip()
+
+
+def test_pairs_the_rules_do_not_cover_are_counted():
+    paradigm = ev.get_paradigm("rpsv")
+    rows = [_row("Paula references Robert.", "Paula reference Robert."),
+            _row("Paula references Robert.", "Paula references Robert today."),  # word counts differ
+            _row("Paula references Robert.", "Paul reference Robert."),  # two words differ
+            _row("Paula went to references.", "Paula went to reference.")]  # "Paula went to" is no subject NP
+    result = ev.extract(rows, paradigm)
+    assert result.total == 4 and len(result.pairs) == 1
+    assert result.skipped == {"the sentences differ in word count": 1, "the sentences differ in 2 words, not one": 1,
+                              "no evidence word found by the rules": 1}
+    with pytest.raises(InvalidInputError, match="supported: ana, dna"):
+        ev.get_paradigm("npi")
+
+
+@needs_data
+def test_rules_cover_every_pair_of_the_real_files():
+    for key, paradigm in ev.PARADIGMS.items():
+        result = ev.extract(ev.load_rows(paradigm, SHARED), paradigm)
+        assert result.total == 1000 and len(result.pairs) == 1000, (key, result.skipped)
+
+
+def test_missing_data(tmp_path):
+    with pytest.raises(InvalidInputError, match="missing"):
+        ev.load_rows(ev.get_paradigm("ana"), tmp_path)
+    with pytest.raises(InvalidInputError, match="does not exist"):
+        ev.load_rows(ev.get_paradigm("ana"), tmp_path / "nope")
+
+
+# ---- preparing pairs for a model ------------------------------------------------------------------------------------
+
+def _pairs(key, count=None):
+    paradigm = ev.get_paradigm(key)
+    pairs = [ev.extract_pair(_row(g, b), paradigm) for g, b, *_ in HAND_CHECKED[key]]
+    return pairs[:count]
+
+
+def test_masked_items_replace_the_target_with_the_mask():
+    _, tokenizer = tiny.build("BertForMaskedLM")
+    items, skipped, _ = blimp.prepare(_pairs("dnaa"), tokenizer, "masked_lm")
+    assert not skipped and len(items) == 3
+    item = items[1]
+    assert item.text == "All banks distract these out in the open [MASK]."
+    assert tokenizer.convert_ids_to_tokens([item.target_id, item.foil_id]) == ["adults", "adult"]
+    assert item.text[slice(*item.evidence_spans[0])] == "these"
+    explanation = normx.explain(*tiny.build("BertForMaskedLM"), item.text, method="l2norm")
+    evidence_at, exclude = blimp.positions(explanation, item, tokenizer.mask_token)
+    assert explanation.tokens[evidence_at[0]] == "these" and explanation.tokens[exclude[0]] == "[MASK]"
+
+
+def test_masked_items_shift_evidence_after_the_target():
+    _, tokenizer = tiny.build("BertForMaskedLM")
+    pair = ev.Pair("x", "0", "The cats hate every person.", "The cats hates every person.", (9, 13), (9, 14), "hate",
+                   "hates", ("person",), ((20, 26),))
+    item = blimp.prepare([pair], tokenizer, "masked_lm")[0][0]
+    assert item.text == "The cats [MASK] every person."
+    assert item.text[slice(*item.evidence_spans[0])] == "person"
+    # a causal LM cannot see evidence after the target
+    items, skipped, _ = blimp.prepare([pair], tokenizer, "causal_lm")
+    assert not items and skipped == {"the evidence does not precede the target": 1}
+
+
+def test_causal_items_read_the_prefix_and_predict_the_first_token():
+    _, tokenizer = tiny.build("LlamaForCausalLM")
+    items, skipped, _ = blimp.prepare(_pairs("ana"), tokenizer, "causal_lm")
+    assert len(items) + sum(skipped.values()) == len(HAND_CHECKED["ana"])
+    item = items[0]
+    assert item.text == "Susan revealed"
+    full = tokenizer("Susan revealed herself.")["input_ids"]
+    prefix = tokenizer("Susan revealed")["input_ids"]
+    assert full[:len(prefix)] == prefix and item.target_id == full[len(prefix)]  # the next token after the prefix
+    assert item.target_id != item.foil_id
+
+
+def test_pairs_whose_words_start_with_the_same_token_are_skipped():
+    _, tokenizer = tiny.build("BertForMaskedLM")
+    good = "A lot of skateboards stun that cashier."  # dna 854
+    pair = ev.extract_pair(_row(good, "A lot of skateboards stun that cashiers."), ev.get_paradigm("dna"))
+    assert tokenizer.tokenize("cashier") == ["cash", "##ier"] and tokenizer.tokenize("cashiers") == ["cash", "##iers"]
+    items, skipped, examples = blimp.prepare([pair], tokenizer, "masked_lm")
+    assert not items and skipped == {"good and bad words start with the same token": 1}
+    assert examples["good and bad words start with the same token"] == good
+
+
+# ---- the experiment on tiny models ----------------------------------------------------------------------------------
+
+def _write_data(folder: Path) -> Path:
+    """A data folder with a few hand-checked BLiMP lines per paradigm (written in the test's temp folder)."""
+    (folder / "blimp").mkdir(parents=True)
+    for key, rows in HAND_CHECKED.items():
+        lines = [json.dumps({"sentence_good": g, "sentence_bad": b, "pairID": str(i)}) for i, (g, b, *_) in
+                 enumerate(rows)]
+        (folder / "blimp" / f"{ev.PARADIGMS[key].uid}.jsonl").write_text("\n".join(lines) + "\n")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return _write_data(tmp_path_factory.mktemp("blimp-data"))
+
+
+def test_curves_match_metrics_recomputed_from_explain(data):
+    model, tokenizer = tiny.build("BertForMaskedLM")
+    result = blimp.evaluate_blimp(model, tokenizer, ["ana", "dnaa"], ["logat", "l2norm"], data=data,
+                                  progress=False)
+    assert result["setting"] == "masked" and result["layers"] == [0, 1, 2]
+    assert set(result["curves"]["dp"]) == {"ana", "dnaa", "all"}
+    # recompute LogAt(foil) AP for ana from explain by hand
+    items, _, _ = blimp.prepare(_pairs("ana"), tokenizer, "masked_lm")
+    aps = []
+    for item in items:
+        explanation = normx.explain(model, tokenizer, item.text, method="logat", target=item.foil_id, layer="all")
+        evidence_at, exclude = blimp.positions(explanation, item, tokenizer.mask_token)
+        aps.append(average_precision(explanation.scores[0], evidence_at, exclude))
+    curve = result["curves"]["ap"]["ana"]["logat_foil"]
+    assert curve["n"] == len(items)
+    np.testing.assert_allclose(curve["mean"], np.mean(aps, axis=0), rtol=1e-5)
+    pooled = result["curves"]["dp"]["all"]["l2norm"]
+    assert pooled["n"] == result["curves"]["dp"]["ana"]["l2norm"]["n"] + result["curves"]["dp"]["dnaa"]["l2norm"]["n"]
+
+
+def test_methods_that_do_not_fit_the_model_are_not_applicable(data, monkeypatch):
+    from normx import methods
+
+    def unsupported(ctx):
+        raise normx.UnsupportedModelError("this test method supports no model")
+
+    monkeypatch.setitem(methods._METHODS, "nothing", methods.Method("nothing", unsupported, "test"))
+    model, tokenizer = tiny.build("GPT2LMHeadModel")
+    result = blimp.evaluate_blimp(model, tokenizer, ["ana"], ["nothing", "random"], data=data, progress=False)
+    assert result["setting"] == "causal" and result["coverage"]["ana"]["evaluated"] > 0
+    assert result["methods"]["nothing"]["status"] == "not applicable"
+    assert "supports no model" in result["methods"]["nothing"]["reason"]
+    assert "nothing" not in result["curves"]["dp"]["ana"]
+    assert result["methods"]["random"] == {"status": "ok", "layered": False}
+    curve = result["curves"]["ap"]["ana"]["random"]["mean"]
+    assert len(curve) == len(result["layers"]) == 3 and len(set(curve)) == 1  # no layers: one flat value
+
+
+def test_input_errors(data):
+    model, tokenizer = tiny.build("BertForMaskedLM")
+    with pytest.raises(UnknownMethodError, match="available methods"):
+        blimp.evaluate_blimp(model, tokenizer, ["ana"], ["nope"], data=data, progress=False)
+    with pytest.raises(InvalidInputError, match="unknown BLiMP paradigm"):
+        blimp.evaluate_blimp(model, tokenizer, ["npi"], data=data, progress=False)
+    with pytest.raises(InvalidInputError, match="limit"):
+        blimp.evaluate_blimp(model, tokenizer, ["ana"], data=data, limit=0, progress=False)
+    classifier, tok = tiny.build("BertForSequenceClassification")
+    with pytest.raises(InvalidInputError, match="language-model head"):
+        blimp.evaluate_blimp(classifier, tok, ["ana"], data=data, progress=False)
+
+
+def test_cli_writes_every_output(data, tmp_path):
+    from normx.cli import main
+
+    model, tokenizer = tiny.build("RobertaForMaskedLM", fresh=True)
+    folder = tmp_path / "model"
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    out = tmp_path / "out"
+    args = ["evaluate", "blimp", "--model", str(folder), "--data", str(data), "--paradigms", "ana", "rpsv",
+            "--methods", "logat", "normxlogit", "--limit", "2", "--out", str(out), "--no-progress"]
+    assert main(args) == 0
+    names = {p.name for p in out.iterdir()}
+    assert names == {"blimp.json", "curves.csv", "summary.csv", "coverage.csv", "dp.png", "ap.png"}
+    result = json.loads((out / "blimp.json").read_text())
+    assert result["model"] == "RobertaForMaskedLM" and result["settings"]["limit"] == 2
+    assert result["coverage"]["ana"]["sampled"] == 2 and result["coverage"]["ana"]["covered_by_rules"] == 6
+    with open(out / "curves.csv") as handle:
+        rows = list(csv.DictReader(handle))
+    curves = {(r["paradigm"], r["curve"], r["metric"]) for r in rows}
+    assert ("all", "normxlogit", "ap") in curves and ("ana", "logat_foil", "dp") in curves
+    assert {r["layer"] for r in rows} == {"0", "1", "2"}
+    assert (out / "dp.png").read_bytes()[:4] == b"\x89PNG"
+    assert main(["evaluate", "blimp", "--model", str(folder), "--data", str(data), "--paradigms", "npi",
+                 "--out", str(out)]) == 2
+
+
+# ---- real model (slow) ----------------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+@needs_data
+def test_smollm2_causal_setting_on_a_few_pairs(tmp_path):
+    model, tokenizer = normx.load_model("smollm2")
+    result = blimp.evaluate_blimp(model, tokenizer, ["ana", "darn"], ["logat", "normxlogit", "l2norm"],
+                                  data=SHARED, limit=4, progress=False)
+    assert result["setting"] == "causal" and result["layers"] == list(range(31))
+    for key in ("ana", "darn"):
+        assert result["coverage"][key]["evaluated"] == 4
+        for metric in ("dp", "ap"):
+            for curve in ("logat_target", "logat_foil", "normxlogit", "l2norm"):
+                values = result["curves"][metric][key][curve]["mean"]
+                assert len(values) == 31 and all(0.0 <= v <= 1.0 for v in values)
+    written = blimp.write_outputs(result, tmp_path)
+    assert all(p.is_file() for p in written)
