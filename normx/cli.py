@@ -10,7 +10,7 @@ import warnings
 
 from .errors import NormxError
 
-METHOD_OPTIONS = ("aggregation", "n_steps", "baselines", "rule", "internal_batch_size", "seed")
+METHOD_OPTIONS = ("aggregation", "n_steps", "baselines", "rule", "internal_batch_size", "seed", "rollout")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,8 +43,10 @@ def build_parser() -> argparse.ArgumentParser:
                       choices=["gausslegendre", "riemann_trapezoid", "riemann_left", "riemann_right", "riemann_middle"],
                       help="integrated_gradients: integration rule (default gausslegendre)")
     grad.add_argument("--internal-batch-size", type=int, default=None,
-                      help="integrated_gradients: rows per forward pass (default: all steps at once)")
+                      help="integrated_gradients / value_zeroing: rows per forward pass")
     grad.add_argument("--seed", type=int, default=None, help="random: the seed (default 0)")
+    grad.add_argument("--rollout", action="store_true", default=None,
+                      help="globenc / alti / value_zeroing: roll the token-to-token maps out across layers")
     ex.add_argument("--gguf-file", default=None, help="load a GGUF checkpoint file inside the model folder")
     ex.add_argument("--json", action="store_true", help="print one JSON object with a `results` list")
     ex.add_argument("--no-color", action="store_true", help="plain table without ANSI colours")
@@ -60,6 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--seed", type=int, default=0)
     tr.add_argument("--no-progress", action="store_true")
     sub.add_parser("supported", help="list the supported model classes")
+    from .evaluation.commands import add_evaluate_parser
+
+    add_evaluate_parser(sub)
     sub.add_parser("demo", add_help=False,
                    help="serve the Gradio demo (demo/app.py; `normx demo --help` for its options)")
     return parser
@@ -89,6 +94,10 @@ def _run(args) -> int:
         return _models(args)
     if args.command == "train":
         return _train(args)
+    if args.command == "evaluate":
+        from .evaluation.commands import run
+
+        return run(args)
     if args.command == "supported":
         print("\n".join(normx.supported_models()))
         return 0

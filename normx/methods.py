@@ -124,4 +124,6 @@ register_method(Method(
     "l2 norm of each token's representation (default layer 0, the input embedding); label-independent",
     default_layer="input", label_dependent=False))
 
+from . import decompx as _decompx  # noqa: E402, F401  (registers DecompX)
 from . import gradients as _gradients  # noqa: E402, F401  (registers the gradient baselines)
+from . import mixing as _mixing  # noqa: E402, F401  (registers GlobEnc, ALTI, Value Zeroing)

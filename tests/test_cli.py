@@ -76,3 +76,15 @@ def test_cli_explains_every_family_from_a_folder(case, tmp_path, capsys):
     assert item["tokens"] == expected.tokens and item["prediction"] == expected.prediction
     assert item["scores"] == pytest.approx(expected.score.tolist(), abs=1e-5)
     assert item["settings"]["model_class"] == type(model).__name__
+
+
+def test_rollout_option_reaches_the_mixing_methods(folder, capsys):
+    base = ["explain", "--model", folder, "--json", "--method", "globenc", "--layer", "all", "a gripping film"]
+    assert main(base) == 0
+    plain = json.loads(capsys.readouterr().out)["results"][0]
+    assert main([*base[:-1], "--rollout", base[-1]]) == 0
+    rolled = json.loads(capsys.readouterr().out)["results"][0]
+    assert plain["settings"]["rollout"] is False and rolled["settings"]["rollout"] is True
+    (plain_layers,), (rolled_layers,) = plain["scores_by_label"].values(), rolled["scores_by_label"].values()
+    assert plain_layers["1"] == rolled_layers["1"]  # layer 1: nothing to roll out yet
+    assert plain_layers["6"] != rolled_layers["6"]
