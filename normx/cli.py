@@ -10,7 +10,8 @@ import warnings
 
 from .errors import NormxError
 
-METHOD_OPTIONS = ("aggregation", "n_steps", "baselines", "rule", "internal_batch_size", "seed", "rollout")
+METHOD_OPTIONS = ("aggregation", "n_steps", "baselines", "rule", "internal_batch_size", "seed", "rollout", "bias_rule",
+                  "include_biases")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,6 +46,10 @@ def build_parser() -> argparse.ArgumentParser:
     grad.add_argument("--internal-batch-size", type=int, default=None,
                       help="integrated_gradients / value_zeroing: rows per forward pass")
     grad.add_argument("--seed", type=int, default=None, help="random: the seed (default 0)")
+    grad.add_argument("--bias-rule", default=None, choices=["absdot", "norm", "equal"],
+                      help="decompx: how biases are shared out over the source tokens (default absdot)")
+    grad.add_argument("--no-biases", dest="include_biases", action="store_false", default=None,
+                      help="decompx: drop the biases (the decomposition then no longer sums to the model)")
     grad.add_argument("--rollout", action="store_true", default=None,
                       help="globenc / alti / value_zeroing: roll the token-to-token maps out across layers")
     ex.add_argument("--gguf-file", default=None, help="load a GGUF checkpoint file inside the model folder")

@@ -88,3 +88,14 @@ def test_rollout_option_reaches_the_mixing_methods(folder, capsys):
     (plain_layers,), (rolled_layers,) = plain["scores_by_label"].values(), rolled["scores_by_label"].values()
     assert plain_layers["1"] == rolled_layers["1"]  # layer 1: nothing to roll out yet
     assert plain_layers["6"] != rolled_layers["6"]
+
+
+def test_decompx_options_reach_the_method(folder, capsys):
+    base = ["explain", "--model", folder, "--json", "--method", "decompx", "a gripping film"]
+    assert main([*base[:-1], "--bias-rule", "norm", "--no-biases", base[-1]]) == 0
+    item = json.loads(capsys.readouterr().out)["results"][0]
+    assert item["settings"]["bias_rule"] == "norm" and item["settings"]["include_biases"] is False
+    assert main(base) == 0
+    item = json.loads(capsys.readouterr().out)["results"][0]
+    assert item["settings"]["bias_rule"] == "absdot" and item["settings"]["include_biases"] is True
+    assert item["diagnostics"]["decomposition_error"][0] < 1e-3  # with biases the contributions sum to the logit
