@@ -58,7 +58,6 @@ model's own logits to the model's rounding (measured on a tiny BERT: bf16 0.018,
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass
 from numbers import Integral
 from typing import Any
@@ -68,7 +67,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .adapters import Adapter, active_module, get_adapter, unwrap_model
-from .errors import HookNotFiredError, InvalidInputError, LayerOutOfRangeError, UnsupportedModelError
+from .capture import eager_attention, eval_mode, record_calls
+from .errors import InvalidInputError, LayerOutOfRangeError, UnsupportedModelError
 from .methods import Context, Method, register_method
 
 BIAS_RULES = ("absdot", "norm", "equal")
@@ -250,52 +250,10 @@ class Recording:
         return self.embeddings if layer == 0 else self.hidden[layer - 1]
 
 
-@contextmanager
-def eager_attention(model: nn.Module) -> Iterator[None]:
-    """Switch every config in ``model`` to eager attention (which returns the probabilities); restored on exit."""
-    configs = {}
-    for module in model.modules():
-        config = getattr(module, "config", None)
-        if config is not None and hasattr(config, "_attn_implementation_internal"):
-            configs[id(config)] = config
-    saved = {key: config._attn_implementation_internal for key, config in configs.items()}
-    try:
-        for config in configs.values():
-            config._attn_implementation_internal = "eager"
-        yield
-    finally:
-        for key, config in configs.items():
-            config._attn_implementation_internal = saved[key]
-
-
-@contextmanager
-def _eval_mode(model: nn.Module) -> Iterator[None]:
-    flags = {module: module.training for module in model.modules()}
-    model.eval()
-    try:
-        yield
-    finally:
-        for module, flag in flags.items():
-            module.training = flag
-
-
 def record(model: nn.Module, inputs: dict[str, torch.Tensor]) -> Recording:
     """Run the (PEFT-unwrapped) model's encoder once on ``inputs`` with eager attention, in eval mode, and record
     what DecompX needs. Hooks are removed on exit, success or not; a hook that never fired is an error."""
     base, adapter, _, blocks = _check_model(model)
-    store: dict[str, Any] = {}
-    handles = []
-
-    def output_hook(key, pick):
-        def hook(_module, _args, output):
-            store[key] = pick(output)
-        return hook
-
-    def input_hook(key):
-        def hook(_module, args):
-            store[key] = args[0]
-        return hook
-
     def first(output):
         return output[0] if isinstance(output, (tuple, list)) else output
 
@@ -314,19 +272,11 @@ def record(model: nn.Module, inputs: dict[str, torch.Tensor]) -> Recording:
         outputs[f"h{i}"] = (block, first)
         inputs_of[f"ln1_{i}"] = block.attention.output.LayerNorm
         inputs_of[f"ln2_{i}"] = block.output.LayerNorm
-    with _eval_mode(base), eager_attention(base), torch.no_grad():
-        try:
-            for key, (module, pick) in outputs.items():
-                handles.append(module.register_forward_hook(output_hook(key, pick)))
-            for key, module in inputs_of.items():
-                handles.append(module.register_forward_pre_hook(input_hook(key)))
-            base.base_model(**inputs)
-        finally:
-            for handle in handles:
-                handle.remove()
-    missing = [key for key in [*outputs, *inputs_of] if key not in store]
-    if missing:
-        raise HookNotFiredError("DecompX hooks that never ran during the forward pass: " + ", ".join(missing))
+    modules = {**{key: module for key, (module, _) in outputs.items()}, **inputs_of}
+    with eval_mode(base), eager_attention(base), torch.no_grad(), record_calls(modules) as calls:
+        base.base_model(**inputs)
+    store: dict[str, Any] = {key: pick(calls[key].output) for key, (_, pick) in outputs.items()}
+    store.update({key: calls[key].args[0] for key in inputs_of})
     n = len(blocks)
     if any(store[f"probs{i}"] is None for i in range(n)):
         raise UnsupportedModelError(f"{type(base).__name__}'s self-attention returned no attention probabilities "
@@ -552,7 +502,7 @@ def decompose(model: nn.Module, inputs: dict[str, torch.Tensor], layers: Sequenc
         real = mask if mask is not None else torch.ones_like(inputs["input_ids"])
         positions = torch.arange(real.shape[1], device=real.device)
         pooled = (real * (real.shape[1] - positions)).argmax(-1)
-    with _eval_mode(base), torch.no_grad():  # eval mode: no dropout, in LoRA layers' probes either
+    with eval_mode(base), torch.no_grad():  # eval mode: no dropout, in LoRA layers' probes either
         weights = [BlockWeights.of(block) for block in blocks]
         rec = record(base, inputs)
         batch, tokens, hidden = rec.embeddings.shape

@@ -36,8 +36,8 @@ setting is restored afterwards (also on errors).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager, nullcontext
+from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,8 +47,8 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from .adapters import active_module, get_adapter, unwrap_model
-from .capture import output_tensor
-from .errors import HookNotFiredError, InvalidInputError, UnsupportedModelError
+from .capture import Call, eager_attention, eval_mode, output_tensor, record_calls, replace_outputs
+from .errors import InvalidInputError, UnsupportedModelError
 from .inputs import as_text_list, collate, encode, max_input_length
 from .methods import Context, Method, register_method
 
@@ -103,75 +103,15 @@ def layout_of(model: nn.Module) -> BlockLayout:
     return _LAYOUTS[name]
 
 
-# ---- hooks -----------------------------------------------------------------------------------------------------------
-
-@dataclass
-class Call:
-    """One recorded module call."""
-
-    args: tuple
-    kwargs: dict
-    output: Any
-
-
-@contextmanager
-def record_calls(modules: Mapping[str, nn.Module]) -> Iterator[dict[str, Call]]:
-    """Record each named module's inputs and output during the ``with`` body (hooks removed in ``finally``).
-
-    On a clean exit every module must have run, else :class:`HookNotFiredError` names the ones that did not.
-    """
-    store: dict[str, Call] = {}
-    handles = []
-
-    def make_hook(key: str):
-        def hook(_module, args, kwargs, output):
-            store[key] = Call(args, kwargs, output)
-        return hook
-
-    try:
-        for key, module in modules.items():
-            handles.append(module.register_forward_hook(make_hook(key), with_kwargs=True))
-        yield store
-    finally:
-        for handle in handles:
-            handle.remove()
-    missing = [f"{key} ({type(modules[key]).__name__})" for key in modules if key not in store]
-    if missing:
-        raise HookNotFiredError("these hooked modules never ran during the forward pass: " + ", ".join(missing))
-
-
-@contextmanager
-def zeroed_values(value_module: nn.Module, positions: torch.Tensor) -> Iterator[None]:
+def zeroed_values(value_module: nn.Module, positions: torch.Tensor):
     """While active, row k of every batch through ``value_module`` gets its value vector at ``positions[k]`` zeroed."""
-    def hook(_module, _args, output):
+    def zero(output):
         rows = torch.arange(output.shape[0], device=output.device)
         output = output.clone()
         output[rows, positions] = 0
         return output
 
-    handle = value_module.register_forward_hook(hook)
-    try:
-        yield
-    finally:
-        handle.remove()
-
-
-@contextmanager
-def eager_attention(model: nn.Module) -> Iterator[None]:
-    """Run ``model`` with eager attention (which returns attention probabilities); its setting is restored after."""
-    configs = {}
-    for module in model.modules():
-        config = getattr(module, "config", None)
-        if config is not None and hasattr(config, "_attn_implementation_internal"):
-            configs[id(config)] = config
-    saved = {key: config._attn_implementation_internal for key, config in configs.items()}
-    try:
-        for config in configs.values():
-            config._attn_implementation_internal = "eager"
-        yield
-    finally:
-        for key, config in configs.items():
-            config._attn_implementation_internal = saved[key]
+    return replace_outputs(value_module, zero)
 
 
 # ---- the real pass -------------------------------------------------------------------------------------------------
@@ -453,8 +393,6 @@ def contribution_maps(model, tokenizer, texts: str | Sequence[str], method: str 
     (GlobEnc, ALTI or Value Zeroing; see the module docstring), or, with ``rollout=True``, how much input token j
     contributes to token i at layer l. ``internal_batch_size``: Value Zeroing variants per block pass.
     """
-    from .explain import eval_mode  # explain imports the method registry, which imports this module
-
     if method not in MIXING_METHODS:
         raise InvalidInputError(f"method={method!r} is not allowed; use one of {MIXING_METHODS}")
     _check_options({"rollout": rollout, "internal_batch_size": internal_batch_size})

@@ -10,7 +10,7 @@ import transformers
 import normx
 import normx.adapters
 from normx.adapters import Adapter
-from normx.capture import capture
+from normx.capture import capture, eager_attention, record_calls, replace_outputs
 from normx.errors import HookNotFiredError, UnknownTargetError
 
 # fresh models: the transformers `output_hidden_states` machinery installs its own (permanent) hooks on models that
@@ -38,6 +38,42 @@ def inputs(tokenizer, case_id: str = "BertForSequenceClassification"):
 
 def text(case_id: str, tokenizer) -> str:
     return tiny.texts_for(tiny.CASE_BY_ID[case_id], tokenizer)[0]
+
+
+# ---- record_calls(), replace_outputs(), eager_attention() -------------------------------------------------------
+
+def test_record_calls_and_replace_outputs_remove_their_hooks():
+    model, tokenizer = fresh()
+    enc = inputs(tokenizer)
+    layer = model.bert.encoder.layer[1]
+    with torch.no_grad(), record_calls({"l1": layer, "v": layer.attention.self.value}) as calls:
+        out = model.bert(**enc).last_hidden_state
+    assert_no_hooks(model)
+    torch.testing.assert_close(calls["l1"].output[0] if isinstance(calls["l1"].output, tuple) else calls["l1"].output,
+                               out)
+    value = calls["v"].output
+    assert value.shape[:2] == enc["input_ids"].shape
+    with torch.no_grad(), replace_outputs(layer.attention.self.value, torch.zeros_like):
+        zeroed = model.bert(**enc).last_hidden_state
+    assert_no_hooks(model)
+    assert not torch.allclose(zeroed, out)
+    with torch.no_grad():
+        torch.testing.assert_close(model.bert(**enc).last_hidden_state, out)  # nothing left replacing outputs
+    with pytest.raises(RuntimeError, match="boom"), replace_outputs(layer, torch.zeros_like):
+        raise RuntimeError("boom")
+    assert_no_hooks(model)
+    value = layer.attention.self.value
+    with pytest.raises(HookNotFiredError, match="Linear"), replace_outputs(value, torch.zeros_like):
+        pass
+
+
+def test_eager_attention_is_restored_after_errors():
+    model, _ = fresh()
+    before = model.config._attn_implementation
+    with pytest.raises(RuntimeError, match="boom"), eager_attention(model):
+        assert model.config._attn_implementation == "eager"
+        raise RuntimeError("boom")
+    assert model.config._attn_implementation == before
 
 
 # ---- capture() -----------------------------------------------------------------------------------------------------
