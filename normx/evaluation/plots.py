@@ -1,0 +1,90 @@
+"""PNG figures of faithfulness curves in the style of the NormXLogit paper's figures: one line per method, the
+metric against the perturbation ratio K, with each method's AOPC in the legend.
+
+matplotlib is imported lazily (``pip install 'normx[eval]'``); the figures are drawn on a plain
+:class:`matplotlib.figure.Figure`, so no pyplot backend or global state is touched.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+DISPLAY = {
+    "normxlogit": "NormXLogit", "logat": "LogAt", "l2norm": "$\\ell_2$ norm", "gradient_norm": "Gradient Norm",
+    "gradient_x_input": "Gradient×Input", "integrated_gradients": "Integrated Gradients", "random": "Random",
+    "decompx": "DecompX", "globenc": "GlobEnc", "alti": "ALTI", "value_zeroing": "Value Zeroing",
+}
+YLABELS = {
+    "confidence_drop": "confidence drop  p(ŷ|x) − p(ŷ|x̃)",
+    "accuracy": "accuracy (gold labels)",
+    "pearson": "Pearson r with gold scores",
+}
+XLABELS = {
+    "comprehensiveness": "K: % of tokens perturbed (most important first)",
+    "sufficiency": "K: % of tokens kept (most important), the rest perturbed",
+}
+BETTER = {("comprehensiveness", "confidence_drop"): "higher is better",
+          ("comprehensiveness", "accuracy"): "lower is better",
+          ("comprehensiveness", "pearson"): "lower is better",
+          ("sufficiency", "confidence_drop"): "lower is better",
+          ("sufficiency", "accuracy"): "higher is better",
+          ("sufficiency", "pearson"): "higher is better"}
+MARKERS = "osD^v<>pP*hX"
+
+
+def plot_mode(report, mode: str, path: str | Path) -> Path:
+    """One PNG for ``mode`` (``"comprehensiveness"`` or ``"sufficiency"``): a panel per metric."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ImportError("the faithfulness plots need matplotlib: pip install 'normx[eval]' (or matplotlib)") \
+            from exc
+
+    metrics = report.metrics
+    rows = (len(report.methods) + 1) // 2  # legend rows under each panel
+    fig = Figure(figsize=(5.6 * len(metrics), 4.0 + 0.2 * rows), layout="constrained")
+    axes = fig.subplots(1, len(metrics), squeeze=False)[0]
+    ks = [100 * k for k in report.ks]
+    colors = _colors(len(report.methods))
+    for ax, metric in zip(axes, metrics):
+        for index, method in enumerate(report.methods):
+            curve = report.curve(method, mode, metric)
+            if curve is None:
+                continue
+            value = report.aopc(method, mode, metric)
+            label = f"{DISPLAY.get(method, method)} (AOPC {value:.3f})"
+            ax.plot(ks, curve, marker=MARKERS[index % len(MARKERS)], markersize=4, linewidth=1.6,
+                    color=colors[index], label=label)
+        ax.set_xlabel(XLABELS[mode])
+        ax.set_ylabel(YLABELS.get(metric, metric))
+        ax.set_xticks(ks)
+        ax.set_xticklabels([f"{k:g}" for k in ks])
+        ax.grid(True, alpha=0.3)
+        ax.set_title(f"{mode} — {metric.replace('_', ' ')} ({BETTER.get((mode, metric), '')})", fontsize=10)
+        ax.legend(fontsize=8, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
+    fig.suptitle(report.title(), fontsize=11)
+    path = Path(path)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110)
+    _save_small_png(buffer, path)
+    return path
+
+
+def _save_small_png(buffer: io.BytesIO, path: Path) -> None:
+    """A palette PNG (line plots need few colours): about a quarter of the size of the RGBA one."""
+    try:
+        from PIL import Image
+    except ImportError:  # pragma: no cover - Pillow comes with matplotlib
+        path.write_bytes(buffer.getvalue())
+        return
+    buffer.seek(0)
+    with Image.open(buffer) as image:
+        image.convert("RGB").quantize(colors=256).save(path, optimize=True)
+
+
+def _colors(n: int) -> list:
+    from matplotlib import colormaps
+
+    cmap = colormaps["tab10" if n <= 10 else "tab20"]
+    return [cmap(i % cmap.N) for i in range(n)]
