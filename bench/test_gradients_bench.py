@@ -5,6 +5,8 @@ batch of 8 texts of 40 tokens, the same forward function, n_steps=50, internal_b
 
 Each benchmark also checks its result against the other implementation (within 1e-4). With benchmarks disabled
 (the default run) every test runs once as a smoke test, on a smaller problem (2 texts of 12 tokens, 4 steps).
+The normx benchmarks also time Captum's run before each of their rounds (interleaved, bench/timing.py) and record
+the median ratio normx / Captum as ``extra_info["ratio_to_captum"]``.
 
 - ``test_same_forward_*``: :class:`normx.gradients.HeadForward` given to both; normx's ``gradients`` /
   ``integrated_gradients`` against Captum's ``InputXGradient`` / ``IntegratedGradients`` (with its convergence
@@ -18,11 +20,13 @@ Each benchmark also checks its result against the other implementation (within 1
 from __future__ import annotations
 
 import functools
+import statistics
 
 import pytest
 import torch
 import transformers
 from captum.attr import InputXGradient, IntegratedGradients
+from timing import timed_rounds
 
 import normx
 from normx.adapters import get_adapter
@@ -107,6 +111,17 @@ SAME_FORWARD = {
 }
 
 
+def _timed(benchmark, implementation: str, run, rounds: int):
+    """``run(name)`` is the call of an implementation; normx's rounds alternate with Captum's (timed, untimed by
+    pytest-benchmark) and the median ratio goes to ``extra_info``."""
+    baseline = run("captum") if implementation == "normx" else None
+    result, captum_times, _ = timed_rounds(benchmark, run(implementation), baseline, torch.device("cpu"), rounds)
+    if benchmark.enabled and captum_times:
+        times = benchmark.stats.stats.data
+        benchmark.extra_info["ratio_to_captum"] = statistics.median(t / c for t, c in zip(times, captum_times))
+    return result
+
+
 def _close(a, b):
     for x, y in zip(*(r if isinstance(r, tuple) else (r,) for r in (a, b))):
         torch.testing.assert_close(x, y, atol=ATOL, rtol=0)
@@ -118,7 +133,7 @@ def test_same_forward_gradient_x_input(benchmark, work, implementation):
     p = problem(benchmark.enabled)
     benchmark.group = f"{work}, same forward"
     runs = SAME_FORWARD[work]
-    result = benchmark.pedantic(runs[implementation], args=(p,), rounds=10, warmup_rounds=1)
+    result = _timed(benchmark, implementation, lambda name: functools.partial(runs[name], p), rounds=10)
     _close(result, runs["captum" if implementation == "normx" else "normx"](p))
 
 
@@ -127,7 +142,7 @@ def test_same_forward_integrated_gradients(benchmark, implementation):
     p = problem(benchmark.enabled)
     benchmark.group = "integrated_gradients, same forward"
     runs = SAME_FORWARD["integrated_gradients"]
-    result = benchmark.pedantic(runs[implementation], args=(p,), rounds=3, warmup_rounds=1)
+    result = _timed(benchmark, implementation, lambda name: functools.partial(runs[name], p), rounds=3)
     _close(result, runs["captum" if implementation == "normx" else "normx"](p))
 
 
@@ -171,5 +186,5 @@ def test_end_to_end(benchmark, method, implementation):
     benchmark.group = f"{method}, end to end"
     runs = {"normx": normx_explain, "captum": captum_recipe}
     rounds = 10 if method == "gradient_x_input" else 3
-    result = benchmark.pedantic(runs[implementation], args=(p, method), rounds=rounds, warmup_rounds=1)
+    result = _timed(benchmark, implementation, lambda name: functools.partial(runs[name], p, method), rounds=rounds)
     _close(result, runs["captum" if implementation == "normx" else "normx"](p, method))

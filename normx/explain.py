@@ -4,15 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from .adapters import get_adapter, unwrap_model
+from .adapters import Adapter, get_adapter, unwrap_model
 from .errors import InvalidInputError, LayerOutOfRangeError, PairNotSupportedError
 from .forward import Pass
 from .inputs import Encoded, as_text_list, collate, encode, max_input_length
-from .methods import Context, get_method
+from .methods import Context, Method, get_method
 from .result import Explanation
 from .targets import LabelSpace
 
@@ -51,17 +52,92 @@ def explain(model, tokenizer, texts: str | Sequence[str], method: str = "normxlo
     pairs = None if text_pair is None else as_text_list(text_pair, "text_pair")
     if pairs is not None and len(pairs) != len(texts):
         raise InvalidInputError(f"text_pair has {len(pairs)} texts but texts has {len(texts)}; give one pair each")
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+        raise InvalidInputError(f"batch_size must be a positive integer, got {batch_size!r}")
+    plan = prepare(model, tokenizer, method, target, layer, foil=foil, embedding=embedding, pair=pairs is not None,
+                   **options)
+    base, adapter = plan.base, plan.adapter
+    limit = max_length if max_length is not None else max_input_length(tokenizer, base.config)
+    encoded = encode(tokenizer, texts, pairs, limit, truncation)
+    if adapter.kind == "masked_lm" and tokenizer.mask_token_id is None:
+        raise InvalidInputError(f"{type(base).__name__} has a masked-LM head but its tokenizer has no mask token")
+    pad_id = _pad_id(tokenizer)
+    decoder = adapter.pooling == "last"
+    padding_side = getattr(tokenizer, "padding_side", "right") if decoder else "right"
+    device = next(base.parameters()).device
+
+    settings = {
+        "method": plan.method.name, "target": target, "foil": foil, "layer": layer, "embedding": embedding,
+        "model_class": type(base).__name__, "family": adapter.family, "kind": adapter.kind,
+        "regression": plan.labels.regression, "peft": base is not model, "max_length": limit,
+        "dtype": str(next(base.parameters()).dtype).replace("torch.", ""), "device": str(device),
+        "label_dependent": plan.method.label_dependent, **plan.options,
+    }
+    results: list[Explanation] = []
+    with eval_mode(model):
+        for start in range(0, len(encoded), batch_size):
+            items = encoded[start:start + batch_size]
+            inputs = collate(items, pad_id, padding_side, device, position_ids=decoder)
+            out = attribute_batch(plan, inputs)
+            scores = out.scores.cpu().numpy()
+            logits = out.logits
+            diagnostics = {name: value.float().cpu() for name, value in out.diagnostics.items()}
+            mask = inputs["attention_mask"].bool().cpu().numpy()
+            pooled = out.pooled.tolist()
+            columns = out.columns.tolist()
+            for row, item in enumerate(items):
+                keep = np.flatnonzero(mask[row])
+                results.append(_explanation(item, scores[row][:, :, keep], plan.labels, columns[row], plan.layers,
+                                            logits[row], plan.method.name, dict(settings, pooled_index=int(
+                                                pooled[row] - keep[0])),
+                                            {name: value[row].tolist() for name, value in diagnostics.items()}))
+    return results[0] if single else results
+
+
+# ---- the attribution computation on an encoded batch ------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Plan:
+    """What :func:`explain` resolves once per call, before any text is encoded: the model's adapter and label
+    space, the method with its options, the target / foil columns and the layers."""
+
+    model: torch.nn.Module  # as given (PEFT-wrapped or not)
+    base: torch.nn.Module  # the transformers model inside
+    adapter: Adapter
+    method: Method
+    options: dict
+    labels: LabelSpace
+    target_columns: list[int] | None  # None: the predicted label
+    foil_column: int | None
+    layers: list[int]
+    embedding: str
+    mask_token_id: int | None
+
+
+@dataclass
+class BatchAttribution:
+    """The result of :func:`attribute_batch` for one padded batch of B rows and T positions (tensors on the
+    model's device)."""
+
+    scores: torch.Tensor  # [B, K, layers, T] float32, padding positions included
+    logits: torch.Tensor  # [B, C] float32: the model's prediction
+    columns: torch.Tensor  # [B, K] the explained columns
+    pooled: torch.Tensor  # [B] the pooled position of each row
+    diagnostics: dict[str, torch.Tensor]  # per-row [B, K] values the method reports
+
+
+def prepare(model, tokenizer, method: str = "normxlogit", target=None, layer=None, *, foil=None,
+            embedding: str = "layer", pair: bool = False, **options) -> Plan:
+    """Check and resolve :func:`explain`'s arguments (same meaning; ``pair``: text pairs will be given) into a
+    :class:`Plan` for :func:`attribute_batch`."""
     chosen = get_method(method)
     options = chosen.resolve_options(options)
     if embedding not in EMBEDDINGS:
         raise InvalidInputError(f"embedding={embedding!r} is not allowed; use one of {EMBEDDINGS}")
-    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-        raise InvalidInputError(f"batch_size must be a positive integer, got {batch_size!r}")
-
     base = unwrap_model(model)
     adapter = get_adapter(model)
-    if pairs is not None and (adapter.kind != "sequence_classification"
-                              or getattr(base.config, "normx_inputs", "pair") == "single"):
+    if pair and (adapter.kind != "sequence_classification"
+                 or getattr(base.config, "normx_inputs", "pair") == "single"):
         raise PairNotSupportedError(
             f"text_pair was given, but {type(base).__name__} takes single texts; drop the pair or use a "
             "sentence-pair model (NLI, STS-B)"
@@ -77,44 +153,23 @@ def explain(model, tokenizer, texts: str | Sequence[str], method: str = "normxlo
                                 f"scores; leave layer unset (got layer={layer!r})")
     else:
         layers = [0]
+    return Plan(model, base, adapter, chosen, options, labels, target_columns, foil_column, layers, embedding,
+                tokenizer.mask_token_id)
 
-    limit = max_length if max_length is not None else max_input_length(tokenizer, base.config)
-    encoded = encode(tokenizer, texts, pairs, limit, truncation)
-    if adapter.kind == "masked_lm" and tokenizer.mask_token_id is None:
-        raise InvalidInputError(f"{type(base).__name__} has a masked-LM head but its tokenizer has no mask token")
-    pad_id = _pad_id(tokenizer)
-    decoder = adapter.pooling == "last"
-    padding_side = getattr(tokenizer, "padding_side", "right") if decoder else "right"
-    device = next(base.parameters()).device
 
-    settings = {
-        "method": chosen.name, "target": target, "foil": foil, "layer": layer, "embedding": embedding,
-        "model_class": type(base).__name__, "family": adapter.family, "kind": adapter.kind,
-        "regression": labels.regression, "peft": base is not model, "max_length": limit,
-        "dtype": str(next(base.parameters()).dtype).replace("torch.", ""), "device": str(device),
-        "label_dependent": chosen.label_dependent, **options,
-    }
-    results: list[Explanation] = []
-    with eval_mode(model), torch.no_grad():
-        for start in range(0, len(encoded), batch_size):
-            items = encoded[start:start + batch_size]
-            inputs = collate(items, pad_id, padding_side, device, position_ids=decoder)
-            run = Pass(base, adapter, inputs, layers, embedding, mask_token_id=tokenizer.mask_token_id).run()
-            logits = run.pooled_logits().float()
-            columns = _target_columns(labels, logits, target_columns)
-            foil_t = None if foil_column is None else torch.full_like(columns[:, 0], foil_column)
-            ctx = Context(run, labels, columns, foil_t, options=options)
-            scores = chosen.compute(ctx).float().cpu().numpy()
-            diagnostics = {name: value.float().cpu() for name, value in ctx.diagnostics.items()}
-            mask = inputs["attention_mask"].bool().cpu().numpy()
-            pooled = run.pooled.tolist()
-            for row, item in enumerate(items):
-                keep = np.flatnonzero(mask[row])
-                results.append(_explanation(item, scores[row][:, :, keep], labels, columns[row].tolist(), layers,
-                                            logits[row], chosen.name, dict(settings, pooled_index=int(
-                                                pooled[row] - keep[0])),
-                                            {name: value[row].tolist() for name, value in diagnostics.items()}))
-    return results[0] if single else results
+def attribute_batch(plan: Plan, inputs: dict[str, torch.Tensor]) -> BatchAttribution:
+    """One batch of :func:`explain` without the tokenising and the result objects: ``inputs`` as
+    :func:`normx.inputs.collate` makes them (``input_ids``, ``attention_mask``, the tokenizer's extra inputs,
+    decoders' ``position_ids``), on the model's device. The model should be in eval mode."""
+    with torch.no_grad():
+        run = Pass(plan.base, plan.adapter, inputs, plan.layers, plan.embedding,
+                   mask_token_id=plan.mask_token_id).run()
+        logits = run.pooled_logits().float()
+        columns = _target_columns(plan.labels, logits, plan.target_columns)
+        foil = None if plan.foil_column is None else torch.full_like(columns[:, 0], plan.foil_column)
+        ctx = Context(run, plan.labels, columns, foil, options=plan.options)
+        scores = plan.method.compute(ctx).float()
+    return BatchAttribution(scores, logits, columns, run.pooled, ctx.diagnostics)
 
 
 def parse_layers(layer, num_layers: int, default: str) -> list[int]:
@@ -148,13 +203,14 @@ def parse_layers(layer, num_layers: int, default: str) -> list[int]:
 @contextmanager
 def eval_mode(model) -> Iterator[None]:
     """Dropout off for the duration; the model's train/eval flags are restored afterwards."""
-    flags = {module: module.training for module in model.modules()}
-    model.eval()
+    training = [module for module in model.modules() if module.training]
+    if training:  # (setting every module's flag costs ~ms on big models: only when something is training)
+        model.eval()
     try:
         yield
     finally:
-        for module, flag in flags.items():
-            module.training = flag
+        for module in training:
+            module.training = True
 
 
 def _pad_id(tokenizer) -> int:

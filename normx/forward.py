@@ -33,6 +33,7 @@ class Pass:
     input_norm: torch.Tensor | None = None  # [B, T] float32: ||x_i^0||
     pooled: torch.Tensor | None = None  # [B] position of the pooled token
     mask_token_id: int | None = None  # masked-LM heads: the prediction is read at this token
+    _normed: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)  # decoders: norm(x^L)
 
     def run(self) -> Pass:
         model, adapter = self.model, self.adapter
@@ -81,10 +82,17 @@ class Pass:
 
     # ---- head --------------------------------------------------------------------------------------------------------
     def head_input(self, layer: int) -> torch.Tensor:
-        """x^l as the head sees it: decoders apply their final norm first, as the model does."""
+        """x^l as the head sees it: decoders apply their final norm first, as the model does. The last layer's,
+        read by both the prediction and the scores, is normed once and kept."""
         hidden = self.hidden[layer]
         norm = self.adapter.norm_module(self.model)
-        return hidden if norm is None else norm(hidden)
+        if norm is None:
+            return hidden
+        if layer != max(self.hidden):
+            return norm(hidden)
+        if layer not in self._normed:
+            self._normed[layer] = norm(hidden)
+        return self._normed[layer]
 
     def head(self, hidden: torch.Tensor, columns: torch.Tensor | None = None) -> torch.Tensor:
         """The head-on-top on every position of ``hidden`` [B, T, H] -> [B, T, C]."""

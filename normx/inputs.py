@@ -71,28 +71,32 @@ def encode(tokenizer, texts: list[str], pairs: list[str] | None, max_length: int
         )
     keep = [n for n in getattr(tokenizer, "model_input_names", ["input_ids", "attention_mask"])
             if n not in ("input_ids", "attention_mask")]
+    kwargs = dict(return_offsets_mapping=True, return_special_tokens_mask=True, add_special_tokens=True)
+    # one call for all texts (the tokenizer's batch path); an over-long text is encoded again, truncated
+    batch = tokenizer(texts, pairs, truncation=False, **kwargs)
     out = []
     for i, text in enumerate(texts):
         pair = pairs[i] if pairs is not None else None
-        kwargs = dict(return_offsets_mapping=True, return_special_tokens_mask=True, add_special_tokens=True)
-        enc = tokenizer(text, pair, truncation=False, **kwargs)
+        enc, index = batch, i
         warnings = []
-        n = len(enc["input_ids"])
+        n = len(batch["input_ids"][i])
         if n > max_length:
             what = f"input {i} has {n} tokens, more than the model's {max_length}"
             if truncation == "error":
                 raise InputTooLongError(f"{what}; shorten it, or pass truncation='warn' to truncate it")
-            enc = tokenizer(text, pair, truncation="longest_first" if pair is not None else True,
-                            max_length=max_length, **kwargs)
+            enc = tokenizer([text], None if pair is None else [pair],
+                            truncation="longest_first" if pair is not None else True, max_length=max_length,
+                            **kwargs)
+            index = 0
             warnings.append(f"{what}: truncated to {max_length} tokens")
-        seq_ids = enc.sequence_ids(0) if hasattr(enc, "sequence_ids") else [None] * len(enc["input_ids"])
-        special = [bool(s) for s in enc["special_tokens_mask"]]
+        ids = list(enc["input_ids"][index])
+        seq_ids = enc.sequence_ids(index) if enc.encodings else [None] * len(ids)
+        special = [bool(s) for s in enc["special_tokens_mask"][index]]
         segments = [-1 if (sid is None or sp) else int(sid) for sid, sp in zip(seq_ids, special)]
-        ids = list(enc["input_ids"])
         out.append(Encoded(
             text=text, text_pair=pair, ids=ids, tokens=tokenizer.convert_ids_to_tokens(ids),
-            offsets=[tuple(map(int, o)) for o in enc["offset_mapping"]], segments=segments, special=special,
-            extra={name: list(enc[name]) for name in keep if name in enc}, warnings=warnings,
+            offsets=[tuple(map(int, o)) for o in enc["offset_mapping"][index]], segments=segments, special=special,
+            extra={name: list(enc[name][index]) for name in keep if name in enc}, warnings=warnings,
         ))
     return out
 

@@ -1,0 +1,259 @@
+"""Markdown tables from a pytest-benchmark JSON file written by the bench suite.
+
+    python bench/report.py .benchmarks/latest.json -o bench/RESULTS.md [--readme README.md]
+
+Per model: time per instance of each method at each input length L (median round / batch) with its ratio to the
+plain forward pass (median over rounds of method round / the forward run just before it, see bench/timing.py),
+at batch 1 and at the larger batch; the end-to-end comparison (``normx.explain`` vs tokenise + forward + softmax);
+the max batch under the memory budget with the time per instance there (the paper's Table 5); normx's gradient
+methods against Captum's; and the issue's goals, each marked met or not from the measured figures.
+With ``--readme`` the tables also replace the block between ``<!-- bench:start -->`` and ``<!-- bench:end -->``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+START, END = "<!-- bench:start -->", "<!-- bench:end -->"
+METHOD_ORDER = ("forward", "normxlogit", "logat_all", "l2norm", "gradient_norm", "gradient_x_input",
+                "integrated_gradients", "decompx")
+GOALS = {"normxlogit": 1.05, "logat_all": 1.2}  # time ratio to the plain forward, at most
+MAX_BATCH_GOAL = 0.9  # NormXLogit's max batch / the plain forward's, at least
+
+
+def _time(seconds: float | None) -> str:
+    if seconds is None:
+        return "–"
+    if seconds >= 1:
+        return f"{seconds:.2f} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.1f} ms"
+    return f"{seconds * 1e6:.0f} µs"
+
+
+def _bytes(value: int | None) -> str:
+    if value is None:
+        return "–"
+    return f"{value / 1024**3:.2f} GiB" if value >= 1024**3 else f"{value / 1024**2:.0f} MiB"
+
+
+def _order(method: str) -> int:
+    return METHOD_ORDER.index(method) if method in METHOD_ORDER else len(METHOD_ORDER)
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return lines
+
+
+def load(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def _suite_entries(data: dict) -> list[dict]:
+    return [b for b in data["benchmarks"] if "level" in b.get("extra_info", {})]
+
+
+def _describe(data: dict, entries: list[dict]) -> list[str]:
+    info = entries[0]["extra_info"] if entries else {}
+    commit = data.get("commit_info", {})
+    lines = [f"Measured {data.get('datetime', '?')[:19]} on {info.get('device', '?')}, dtype {info.get('dtype', '?')}, "
+             f"timer `{info.get('timer', '?')}`, commit {str(commit.get('id', '?'))[:10]}"
+             f"{' (dirty tree)' if commit.get('dirty') else ''}."]
+    rounds = sorted({e["stats"]["rounds"] for e in entries})
+    lines.append(f"Rounds per case: {', '.join(map(str, rounds))} (median shown).")
+    return lines
+
+
+def speed_tables(entries: list[dict], level: str) -> list[str]:
+    by_model: dict[str, dict] = defaultdict(dict)
+    for e in entries:
+        x = e["extra_info"]
+        if x["level"] == level:
+            by_model[x["model"]][(x["method"], x["L"], x["batch"])] = x
+    lines = []
+    for model, cases in by_model.items():
+        lengths = sorted({key[1] for key in cases})
+        batches = sorted({key[2] for key in cases})
+        methods = sorted({key[0] for key in cases}, key=_order)
+        for batch in batches:
+            rows = []
+            for method in methods:
+                row = [method]
+                for length in lengths:
+                    x = cases.get((method, length, batch))
+                    if x is None or "per_instance_s" not in x:
+                        row.append("–")
+                        continue
+                    ratio = x.get("ratio_to_forward")
+                    row.append(_time(x["per_instance_s"]) + ("" if ratio is None else f" ({ratio:.3f}×)"))
+                rows.append(row)
+            lines += [f"**{model}**, batch {batch}", ""]
+            lines += [*_table(["method"] + [f"L={length}" for length in lengths], rows), ""]
+    return lines
+
+
+def max_batch_tables(entries: list[dict]) -> list[str]:
+    by_model: dict[str, dict] = defaultdict(dict)
+    for e in entries:
+        x = e["extra_info"]
+        if x["level"] == "max_batch":
+            by_model[x["model"]][(x["method"], x["L"])] = x
+    lines = []
+    for model, cases in by_model.items():
+        lengths = sorted({key[1] for key in cases})
+        methods = sorted({key[0] for key in cases}, key=_order)
+        rows = []
+        for method in methods:
+            row = [method]
+            for length in lengths:
+                x = cases.get((method, length))
+                if x is None:
+                    row.append("–")
+                    continue
+                forward = cases.get(("forward", length))
+                cell = f"{x['max_batch']}"
+                if x["max_batch"] == x.get("max_batch_cap"):
+                    cell += " (cap)"
+                if forward and forward["max_batch"]:
+                    cell += f" ({x['max_batch'] / forward['max_batch']:.2f}×)"
+                timed = "" if x["max_batch"] else " at batch 1"
+                cell += f" · {_time(x.get('per_instance_s'))}{timed}"
+                row.append(cell)
+            rows.append(row)
+        budget = next(iter(cases.values())).get("budget_bytes")
+        lines += [f"**{model}**, memory budget {_bytes(budget)}: max batch (ratio to the forward's) · time per "
+                  "instance at that batch", ""]
+        lines += [*_table(["method"] + [f"L={length}" for length in lengths], rows), ""]
+    return lines
+
+
+def _captum_groups(data: dict) -> dict[str, dict]:
+    """group -> {"normx": median s, "captum": median s, "ratio": normx / Captum}: the interleaved median ratio
+    (``extra_info["ratio_to_captum"]``) where recorded, else the ratio of the medians."""
+    groups: dict[str, dict] = defaultdict(dict)
+    for b in data["benchmarks"]:
+        implementation = (b.get("params") or {}).get("implementation")
+        if implementation and b.get("group"):
+            groups[b["group"]][implementation] = b["stats"]["median"]
+            if "ratio_to_captum" in b.get("extra_info", {}):
+                groups[b["group"]]["ratio"] = b["extra_info"]["ratio_to_captum"]
+    out = {}
+    for group, t in sorted(groups.items()):
+        if {"normx", "captum"} <= set(t):
+            out[group] = {**t, "ratio": t.get("ratio", t["normx"] / t["captum"])}
+    return out
+
+
+def captum_table(data: dict) -> list[str]:
+    rows = [[group, _time(t["normx"]), _time(t["captum"]), f"{t['ratio']:.2f}×"]
+            for group, t in _captum_groups(data).items()]
+    if not rows:
+        return []
+    intro = ("normx's gradient methods vs Captum's (bench/test_gradients_bench.py: MiniLM, 8 texts of 40 tokens, "
+             "IG n_steps=50), median per call; normx / Captum is the median over rounds of a normx round / the "
+             "Captum run just before it:")
+    return [intro, "", *_table(["work", "normx", "Captum", "normx / Captum"], rows), ""]
+
+
+def goals(data: dict, entries: list[dict]) -> list[str]:
+    lines = []
+    speed = [e["extra_info"] for e in entries if e["extra_info"]["level"] == "batch"]
+    for method, limit in GOALS.items():
+        ratios = [(x["model"], x["L"], x["batch"], x["ratio_to_forward"]) for x in speed
+                  if x["method"] == method and "ratio_to_forward" in x]
+        if not ratios:
+            continue
+        worst = max(ratios, key=lambda r: r[3])
+        met = sum(r[3] <= limit for r in ratios)
+        lines.append(f"- {method} ≤ {limit}× the plain forward (encoded batch): {met} of {len(ratios)} cases "
+                     f"met; median {statistics.median(r[3] for r in ratios):.3f}×, worst {worst[3]:.3f}× "
+                     f"({worst[0]}, L={worst[1]}, batch {worst[2]}).")
+    memory = defaultdict(dict)
+    for e in entries:
+        x = e["extra_info"]
+        if x["level"] == "max_batch":
+            memory[(x["model"], x["L"])][x["method"]] = x["max_batch"]
+    pairs = [(key, m["normxlogit"] / m["forward"]) for key, m in memory.items()
+             if "normxlogit" in m and m.get("forward")]
+    if pairs:
+        met = sum(r >= MAX_BATCH_GOAL for _, r in pairs)
+        worst = min(pairs, key=lambda p: p[1])
+        lines.append(f"- normxlogit max batch ≥ {MAX_BATCH_GOAL}× the forward's: {met} of {len(pairs)} cases met; "
+                     f"worst {worst[1]:.2f}× ({worst[0][0]}, L={worst[0][1]}).")
+    for group, t in _captum_groups(data).items():
+        verdict = "met" if t["ratio"] <= 1 else "not met"
+        lines.append(f"- {group}: normx no slower than Captum: {verdict} ({t['ratio']:.2f}×).")
+    return lines
+
+
+def render(data: dict, command: str | None = None, compact: bool = False, level: int = 2, note: str | None = None
+           ) -> str:
+    """The markdown, headings from ``level``; ``compact``: the goals, the encoded-batch tables of one model
+    (BERT-base if measured) and the max-batch tables, for the README."""
+    entries = _suite_entries(data)
+    h = "#" * (level + 1)
+    lines = ["#" * level + " Benchmark results", "", *_describe(data, entries), ""]
+    if command:
+        lines += ["Produced by:", "", "```", command, "```", ""]
+    if note:
+        lines += [note, ""]
+    goal_lines = goals(data, entries)
+    if goal_lines:
+        lines += [f"{h} Goals", "", *goal_lines, ""]
+    speed = entries
+    if compact:
+        models = [e["extra_info"]["model"] for e in entries if e["extra_info"]["level"] == "batch"]
+        shown = "bert-base" if "bert-base" in models else (models[0] if models else None)
+        speed = [e for e in entries if e["extra_info"]["model"] == shown]
+    lines += [f"{h} Time per instance on an encoded batch (ratio to the plain forward, interleaved)", ""]
+    lines += speed_tables(speed, "batch")
+    e2e = speed_tables(entries, "end_to_end")
+    if e2e and not compact:
+        lines += [f"{h} End to end: `normx.explain` vs tokenise + forward + softmax", "", *e2e]
+    maxb = max_batch_tables(entries)
+    if maxb:
+        lines += [f"{h} Max batch under the memory budget", "", *maxb]
+    captum = captum_table(data)
+    if captum and not compact:
+        lines += [f"{h} Against Captum", "", *captum]
+    if compact:
+        lines += ["All models, the end-to-end comparison and normx against Captum: "
+                  "[bench/RESULTS.md](bench/RESULTS.md).", ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def update_readme(readme: Path, text: str) -> None:
+    content = readme.read_text()
+    if START not in content or END not in content:
+        raise SystemExit(f"{readme} has no {START} ... {END} block to replace")
+    head, rest = content.split(START, 1)
+    _, tail = rest.split(END, 1)
+    readme.write_text(f"{head}{START}\n{text}{END}{tail}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("json", type=Path, help="pytest-benchmark JSON (--benchmark-json)")
+    parser.add_argument("-o", "--output", type=Path, help="write the markdown here (default: print it)")
+    parser.add_argument("--readme", type=Path, help="also replace the bench block of this README")
+    parser.add_argument("--command", help="the command that produced the JSON, shown above the tables")
+    parser.add_argument("--note", help="a remark shown above the tables (e.g. how long the run took)")
+    args = parser.parse_args(argv)
+    data = load(args.json)
+    text = render(data, args.command, note=args.note)
+    if args.output:
+        args.output.write_text(text)
+    else:
+        print(text, end="")
+    if args.readme:
+        update_readme(args.readme, render(data, args.command, compact=True, level=3, note=args.note))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,72 @@
+"""Timing one call against a baseline (the plain forward pass), interleaved, inside pytest-benchmark's
+``pedantic``.
+
+pytest-benchmark times the target's rounds (its statistics, JSON and ``--benchmark-compare`` are about the target).
+Before each round, in the untimed ``setup``, the baseline is timed with the same timer, so the two alternate and
+see the same machine load; the ratio reported is the median over rounds of (target round / the baseline run just
+before it). Peak memory is measured on the untimed warm-up round only: on CPU a measurement starts with a garbage
+collection and ``malloc_trim`` (bench/memory.py), and a trimmed heap makes the next call fault its pages in again,
+which must not land in a timed round. GPU work is synchronised before the clock is read (the timed callables
+synchronise at their end, and nothing is queued before they start).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+from memory import PeakTracker
+from workloads import Workload, device_name
+
+
+def timed_rounds(benchmark, target: Callable, baseline: Callable | None, device: torch.device, rounds: int,
+                 warmup: int = 1):
+    """Run ``benchmark.pedantic(target)`` with ``baseline`` timed before each round; returns (result, baseline
+    times of the timed rounds, peak tracker: peak memory of the first warm-up round, None without warm-up)."""
+    timer = getattr(benchmark, "_timer", time.perf_counter)
+    baseline_times: list[float] = []
+    warmup = warmup if benchmark.enabled else 0
+    tracker = PeakTracker(device)
+    tracker.supported = tracker.supported and warmup > 0
+    calls = []
+
+    def setup():
+        if baseline is not None:
+            start = timer()
+            baseline()
+            baseline_times.append(timer() - start)
+        calls.append(len(calls))
+        if len(calls) == 1:
+            tracker.start()
+
+    def teardown(*_args, **_kwargs):
+        if len(calls) == 1:
+            tracker.stop()
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    result = benchmark.pedantic(target, setup=setup, teardown=teardown, rounds=rounds, warmup_rounds=warmup)
+    return result, baseline_times[-rounds:], tracker
+
+
+def record(benchmark, work: Workload, baseline_times: list[float], tracker: PeakTracker, level: str,
+           **extra) -> None:
+    """Fill ``extra_info`` with the case, the device, per-instance times and the interleaved ratio."""
+    info = benchmark.extra_info
+    info.update(model=work.model_name, method=work.method, L=work.length, batch=work.batch, level=level,
+                device=device_name(work.torch_device), dtype=str(next(work.model.parameters()).dtype).split(".")[-1],
+                threads=torch.get_num_threads(), peak_memory_bytes=tracker.peak,
+                timer=getattr(getattr(benchmark, "_timer", None), "__name__", "perf_counter"), **extra)
+    if not benchmark.enabled:
+        return
+    times = list(benchmark.stats.stats.data)
+    info["per_instance_s"] = statistics.median(times) / work.batch
+    info["per_instance_min_s"] = min(times) / work.batch
+    if baseline_times:
+        info["forward_per_instance_s"] = statistics.median(baseline_times) / work.batch
+        info["ratio_to_forward"] = statistics.median(t / f for t, f in zip(times, baseline_times))
+        info["ratio_of_mins"] = min(times) / min(baseline_times)
+    elif work.method == "forward":
+        info["ratio_to_forward"] = 1.0
