@@ -37,10 +37,11 @@ CPU_PLAN = {
 }
 CPU_END_TO_END_MODELS = ("minilm-sst2",)
 CPU_MAX_BATCH_MODELS = ("minilm-sst2",)
-# DecompX decomposes one text at a time, so its memory hardly grows with the batch: on CPU its search only meets
-# the cap, at ~1 s an instance
-CPU_MAX_BATCH_PLAN = {"integrated_gradients": 120, "decompx": NOT_TIMED}
+# DecompX decomposes one text at a time, so its memory hardly grows with the batch: on CPU its search meets the
+# cap, at ~0.5-1 s an instance; searched at L=40 only
+CPU_MAX_BATCH_PLAN = {"integrated_gradients": 120, "decompx": 40}
 CPU_BUDGET_GB, CPU_CAP, GPU_CAP = 0.25, 32, 1024
+MIN_TIME_CPU, MIN_TIME_GPU, MAX_ROUNDS_CPU, MAX_ROUNDS_GPU = 5.0, 2.0, 30, 100
 SMOKE_LENGTH, SMOKE_BATCH = 16, 2
 END_TO_END_METHODS = ("forward", "normxlogit", "logat_all")
 SMOKE_MAX_BATCH_METHODS = ("forward", "normxlogit", "gradient_x_input")
@@ -76,7 +77,11 @@ def pytest_addoption(parser):
     group.addoption("--bench-device", help="cpu or cuda (default: cuda if available)")
     group.addoption("--bench-dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     group.addoption("--bench-threads", type=int, help="torch CPU threads (default: torch's)")
-    group.addoption("--bench-rounds", type=int, help="timed rounds per case (default 3 on CPU, 10 on GPU)")
+    group.addoption("--bench-rounds", type=int, help="least timed rounds per case (default 3 on CPU, 10 on GPU)")
+    group.addoption("--bench-min-time", type=float,
+                    help="seconds of timed rounds per speed case (method and forward together, estimated from the "
+                         f"warm-up): cheap cases run more rounds, up to {MAX_ROUNDS_CPU} on CPU / {MAX_ROUNDS_GPU} "
+                         f"on GPU (default {MIN_TIME_CPU} s on CPU, {MIN_TIME_GPU} s on GPU; 0: just --bench-rounds)")
     group.addoption("--mem-budget-gb", type=float, default=_env_float("NORMX_BENCH_MEM_GB"),
                     help="memory budget of the max-batch search (also NORMX_BENCH_MEM_GB). CPU: working memory "
                          f"above the loaded model, default {CPU_BUDGET_GB}; GPU: all device memory, default "
@@ -100,7 +105,9 @@ def benchmarks_enabled(config) -> bool:
 class Settings:
     device: torch.device
     dtype: str
-    rounds: int
+    rounds: int  # the least number of timed rounds
+    min_time: float  # seconds of timed rounds per speed case (more rounds for cheap cases)
+    max_rounds: int
     budget: int
     cap: int
     enabled: bool
@@ -119,15 +126,20 @@ def settings(config) -> Settings:
     cap = config.getoption("max_batch_cap") or (CPU_CAP if cpu else GPU_CAP)
     if not enabled:  # the smoke run: a small search
         budget, cap = min(budget, GIB // 4), min(cap, 4)
+    min_time = config.getoption("bench_min_time")
     return Settings(device, config.getoption("bench_dtype"), config.getoption("bench_rounds") or (3 if cpu else 10),
-                    budget, cap, enabled)
+                    (MIN_TIME_CPU if cpu else MIN_TIME_GPU) if min_time is None else min_time,
+                    MAX_ROUNDS_CPU if cpu else MAX_ROUNDS_GPU, budget, cap, enabled)
+
+
+def pytest_configure(config):
+    threads = config.getoption("bench_threads", None)
+    if threads:  # for every benchmark in the session, bench/test_gradients_bench.py's too
+        torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="session")
 def bench_settings(request) -> Settings:
-    threads = request.config.getoption("bench_threads")
-    if threads:
-        torch.set_num_threads(threads)
     return settings(request.config)
 
 

@@ -24,7 +24,8 @@ def test_batch_speed(benchmark, speed_case, bench_settings):
     benchmark.group = f"batch: {speed_case.model}, L={speed_case.length}, batch {speed_case.batch}"
     baseline = None if work.method == "forward" else work.forward
     result, forward_times, tracker = timed_rounds(benchmark, work.attribute, baseline, bench_settings.device,
-                                                  bench_settings.rounds)
+                                                  bench_settings.rounds, min_time=bench_settings.min_time,
+                                                  max_rounds=bench_settings.max_rounds)
     record(benchmark, work, forward_times, tracker, "batch")
     check(work, result, full=not benchmark.enabled)
 
@@ -35,6 +36,7 @@ def test_end_to_end_speed(benchmark, end_to_end_case, bench_settings):
     benchmark.group = f"end to end: {end_to_end_case.model}, L={end_to_end_case.length}, batch {end_to_end_case.batch}"
     baseline = None if work.method == "forward" else work.forward_end_to_end
     result, forward_times, tracker = timed_rounds(benchmark, work.explain, baseline, bench_settings.device,
-                                                  bench_settings.rounds)
+                                                  bench_settings.rounds, min_time=bench_settings.min_time,
+                                                  max_rounds=bench_settings.max_rounds)
     record(benchmark, work, forward_times, tracker, "end_to_end")
     check_end_to_end(work, result)

@@ -12,6 +12,7 @@ synchronise at their end, and nothing is queued before they start).
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -22,32 +23,45 @@ from workloads import Workload, device_name
 
 
 def timed_rounds(benchmark, target: Callable, baseline: Callable | None, device: torch.device, rounds: int,
-                 warmup: int = 1):
+                 warmup: int = 1, min_time: float = 0.0, max_rounds: int | None = None):
     """Run ``benchmark.pedantic(target)`` with ``baseline`` timed before each round; returns (result, baseline
-    times of the timed rounds, peak tracker: peak memory of the first warm-up round, None without warm-up)."""
+    times of the timed rounds, peak tracker: peak memory of the first warm-up round, None without warm-up).
+
+    ``rounds`` is the least number of timed rounds; with ``min_time`` (seconds) more rounds are run, up to
+    ``max_rounds``, so that the timed rounds (target and baseline together) take about ``min_time``, as estimated
+    from the warm-up: cheap cases get enough rounds for a stable median ratio, expensive ones keep ``rounds``."""
     timer = getattr(benchmark, "_timer", time.perf_counter)
     baseline_times: list[float] = []
     warmup = warmup if benchmark.enabled else 0
     tracker = PeakTracker(device)
     tracker.supported = tracker.supported and warmup > 0
-    calls = []
+    per_round = 0.0
+    for index in range(warmup):  # untimed by pytest-benchmark; the first one measures peak memory
+        spent = 0.0
+        if baseline is not None:
+            start = timer()
+            baseline()
+            spent += timer() - start
+        if index == 0:
+            tracker.start()
+        start = timer()
+        target()
+        spent += timer() - start
+        if index == 0:
+            tracker.stop()
+        per_round = spent
+    if min_time > 0 and per_round > 0:
+        rounds = max(rounds, min(max_rounds or rounds, math.ceil(min_time / per_round)))
 
     def setup():
         if baseline is not None:
             start = timer()
             baseline()
             baseline_times.append(timer() - start)
-        calls.append(len(calls))
-        if len(calls) == 1:
-            tracker.start()
-
-    def teardown(*_args, **_kwargs):
-        if len(calls) == 1:
-            tracker.stop()
 
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    result = benchmark.pedantic(target, setup=setup, teardown=teardown, rounds=rounds, warmup_rounds=warmup)
+    result = benchmark.pedantic(target, setup=setup, rounds=rounds, warmup_rounds=0)
     return result, baseline_times[-rounds:], tracker
 
 

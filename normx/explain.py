@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from .adapters import Adapter, get_adapter, unwrap_model
+from .capture import eval_mode
 from .errors import InvalidInputError, LayerOutOfRangeError, PairNotSupportedError
 from .forward import Pass
 from .inputs import Encoded, as_text_list, collate, encode, max_input_length
@@ -198,19 +198,6 @@ def parse_layers(layer, num_layers: int, default: str) -> list[int]:
             )
         out.append(int(value) % (num_layers + 1))
     return sorted(set(out))
-
-
-@contextmanager
-def eval_mode(model) -> Iterator[None]:
-    """Dropout off for the duration; the model's train/eval flags are restored afterwards."""
-    training = [module for module in model.modules() if module.training]
-    if training:  # (setting every module's flag costs ~ms on big models: only when something is training)
-        model.eval()
-    try:
-        yield
-    finally:
-        for module in training:
-            module.training = True
 
 
 def _pad_id(tokenizer) -> int:

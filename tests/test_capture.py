@@ -10,7 +10,7 @@ import transformers
 import normx
 import normx.adapters
 from normx.adapters import Adapter
-from normx.capture import capture, eager_attention, record_calls, replace_outputs
+from normx.capture import capture, eager_attention, eval_mode, frozen_parameters, record_calls, replace_outputs
 from normx.errors import HookNotFiredError, UnknownTargetError
 
 # fresh models: the transformers `output_hidden_states` machinery installs its own (permanent) hooks on models that
@@ -74,6 +74,59 @@ def test_eager_attention_is_restored_after_errors():
         assert model.config._attn_implementation == "eager"
         raise RuntimeError("boom")
     assert model.config._attn_implementation == before
+
+
+def test_eval_mode_restores_training_flags_after_errors():
+    model, _ = fresh()
+    model.train()
+    model.classifier.eval()  # a mixed state must come back exactly
+    before = {name: module.training for name, module in model.named_modules()}
+    with pytest.raises(RuntimeError, match="boom"), eval_mode(model):
+        assert not any(module.training for module in model.modules())
+        raise RuntimeError("boom")
+    assert {name: module.training for name, module in model.named_modules()} == before
+
+
+def test_frozen_parameters_are_restored_after_success_and_errors():
+    model, tokenizer = fresh()
+    model.classifier.weight.requires_grad_(False)  # frozen before: stays frozen
+    before = {name: p.requires_grad for name, p in model.named_parameters()}
+    enc = inputs(tokenizer)
+    embeds = model.get_input_embeddings()(enc["input_ids"]).detach().requires_grad_(True)
+    with frozen_parameters(model):
+        assert not any(p.requires_grad for p in model.parameters())
+        out = model(inputs_embeds=embeds, attention_mask=enc["attention_mask"]).logits
+    assert {name: p.requires_grad for name, p in model.named_parameters()} == before
+    out[:, 0].sum().backward()  # the graph reaches the inputs, not the weights
+    assert embeds.grad is not None and embeds.grad.abs().sum() > 0
+    assert all(p.grad is None for p in model.parameters())
+    with pytest.raises(RuntimeError, match="boom"), frozen_parameters(model):
+        raise RuntimeError("boom")
+    assert {name: p.requires_grad for name, p in model.named_parameters()} == before
+    with frozen_parameters(None):  # nothing to freeze
+        pass
+
+
+def test_gradient_methods_leave_requires_grad_as_it_was(monkeypatch):
+    model, tokenizer = fresh()
+    model.bert.embeddings.word_embeddings.weight.requires_grad_(False)
+    before = {name: p.requires_grad for name, p in model.named_parameters()}
+    sentence = text("BertForSequenceClassification", tokenizer)
+    normx.explain(model, tokenizer, sentence, method="integrated_gradients", n_steps=3)
+    assert {name: p.requires_grad for name, p in model.named_parameters()} == before
+
+    forward = model.classifier.forward
+
+    def boom(*args, **kwargs):  # the gradient pass fails (the attribution's first forward runs without grad)
+        if torch.is_grad_enabled():
+            assert not model.classifier.bias.requires_grad  # inside the frozen pass
+            raise RuntimeError("boom")
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(model.classifier, "forward", boom)
+    with pytest.raises(RuntimeError, match="boom"):
+        normx.explain(model, tokenizer, sentence, method="gradient_x_input")
+    assert {name: p.requires_grad for name, p in model.named_parameters()} == before
 
 
 # ---- capture() -----------------------------------------------------------------------------------------------------

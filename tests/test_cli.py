@@ -99,3 +99,15 @@ def test_decompx_options_reach_the_method(folder, capsys):
     item = json.loads(capsys.readouterr().out)["results"][0]
     assert item["settings"]["bias_rule"] == "absdot" and item["settings"]["include_biases"] is True
     assert item["diagnostics"]["decomposition_error"][0] < 1e-3  # with biases the contributions sum to the logit
+
+
+def test_evaluate_name_lists_take_spaces_commas_or_both():
+    import argparse
+
+    from normx.evaluation.commands import add_names_argument, names
+
+    parser = argparse.ArgumentParser()
+    add_names_argument(parser, "--methods", "methods")
+    for argv in (["--methods", "a", "b", "c"], ["--methods", "a,b,c"], ["--methods", "a,", "b", ",c"]):
+        assert names(parser.parse_args(argv).methods) == ["a", "b", "c"]
+    assert names(parser.parse_args([]).methods) is None

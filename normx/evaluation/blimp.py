@@ -40,6 +40,7 @@ import numpy as np
 
 from ..errors import InvalidInputError, NormxError
 from . import evidence as ev
+from .commands import add_names_argument, names
 from .alignment import average_precision, dot_product
 
 METRICS = {"dp": "Dot Product", "ap": "Average Precision"}
@@ -434,11 +435,11 @@ def add_parser(subparsers):
         description="Per-layer alignment of attributions with the evidence word of BLiMP minimal pairs, for a "
                     "masked-LM or causal-LM model.")
     parser.add_argument("--model", required=True, help="a preset (e.g. smollm2), a model folder or a hub id")
-    parser.add_argument("--paradigms", nargs="+", default=list(ev.DEFAULT_PARADIGMS), metavar="P",
-                        help=f"BLiMP paradigms: {', '.join(ev.PARADIGMS)} (default: {' '.join(ev.DEFAULT_PARADIGMS)})")
-    parser.add_argument("--methods", nargs="+", default=None, metavar="M",
-                        help="registered methods (`normx methods`); default: logat (target and foil curves), "
-                             "normxlogit, l2norm, random and the registered decomposition baselines")
+    add_names_argument(parser, "--paradigms", f"BLiMP paradigms: {', '.join(ev.PARADIGMS)} (default: "
+                                              f"{' '.join(ev.DEFAULT_PARADIGMS)})")
+    add_names_argument(parser, "--methods", "registered methods (`normx methods`); default: logat (target and foil "
+                                            "curves), normxlogit, l2norm, random and the registered decomposition "
+                                            "baselines")
     parser.add_argument("--data", default=None, help="data folder holding blimp/ (default: $NORMX_DATA, else the "
                                                      "hub when online)")
     parser.add_argument("--limit", type=int, default=None, help="at most N covered pairs per paradigm (a seeded "
@@ -456,7 +457,8 @@ def _run(args) -> int:
     import normx
 
     model, tokenizer = normx.load_model(args.model)
-    result = evaluate_blimp(model, tokenizer, args.paradigms, args.methods, data=args.data, limit=args.limit,
+    paradigms = names(args.paradigms) or list(ev.DEFAULT_PARADIGMS)
+    result = evaluate_blimp(model, tokenizer, paradigms, names(args.methods), data=args.data, limit=args.limit,
                             seed=args.seed, batch_size=args.batch_size, progress=not args.no_progress)
     result["settings"]["model"] = args.model
     for file in write_outputs(result, args.out, plots=not args.no_plots):

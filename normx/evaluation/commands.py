@@ -21,5 +21,18 @@ def add_evaluate_parser(sub) -> argparse.ArgumentParser:
     return parser
 
 
+def add_names_argument(parser: argparse.ArgumentParser, flag: str, help: str, default=None) -> None:
+    """A list option that takes names separated by spaces, commas or both (``--methods a b``, ``--methods a,b``),
+    the same in every experiment; read it with :func:`names`."""
+    parser.add_argument(flag, nargs="+", default=default, metavar="NAME", help=help + " (space- or comma-separated)")
+
+
+def names(values: list[str] | None) -> list[str] | None:
+    """The names of an :func:`add_names_argument` option, split at commas; ``None`` (not given) stays ``None``."""
+    if values is None:
+        return None
+    return [name.strip() for value in values for name in value.split(",") if name.strip()]
+
+
 def run(args) -> int:
     return int(args.func(args) or 0)

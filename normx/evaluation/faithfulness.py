@@ -42,6 +42,7 @@ from ..errors import InvalidInputError, NormxError, PairNotSupportedError, Unsup
 from ..inputs import encode, max_input_length
 from ..methods import get_method, list_methods
 from ..targets import LabelSpace
+from .commands import add_names_argument, names
 from .perturbation import (
     K_VALUES,
     MODES,
@@ -585,7 +586,7 @@ def add_parser(subparsers):
                         help=f"a task ({', '.join(glue.TASKS)}: its dev split, from --data-dir or $NORMX_DATA) or a "
                              "TSV / JSONL file with the fields text, text_pair (optional), label")
     parser.add_argument("--data-dir", default=None, help="the GLUE data folder (default: $NORMX_DATA)")
-    parser.add_argument("--methods", default="all", help="comma-separated method names, or 'all' (default)")
+    add_names_argument(parser, "--methods", "method names (`normx methods`), or all (the default)")
     parser.add_argument("--limit", type=int, default=None, help="evaluate the first N examples")
     parser.add_argument("--out", required=True, help="output folder for summary.json, curves.csv, summary.csv, PNGs")
     parser.add_argument("--special-tokens", default="include", choices=SPECIAL_TOKENS,
@@ -610,17 +611,19 @@ def add_parser(subparsers):
 def run(args) -> int:
     import normx
 
-    methods = None if args.methods.strip() == "all" else [m.strip() for m in args.methods.split(",") if m.strip()]
-    names = _method_names(methods)
+    methods = names(args.methods)
+    if methods == ["all"] or not methods:
+        methods = None
+    chosen = _method_names(methods)
     given = {name: getattr(args, name) for name in CLI_OPTIONS if getattr(args, name) is not None}
-    method_options = {m: {k: v for k, v in given.items() if k in get_method(m).options} for m in names}
+    method_options = {m: {k: v for k, v in given.items() if k in get_method(m).options} for m in chosen}
     unused = sorted(set(given) - {k for opts in method_options.values() for k in opts})
     if unused:
         raise InvalidInputError(f"option(s) {', '.join('--' + u.replace('_', '-') for u in unused)} given, but none "
-                                f"of the methods {names} takes them")
+                                f"of the methods {chosen} takes them")
     examples = load_examples(args.data, args.data_dir, args.limit)
     model, tokenizer = normx.load_model(args.model)
-    report = evaluate(model, tokenizer, examples, names, task=args.data if args.data in glue.TASKS else None,
+    report = evaluate(model, tokenizer, examples, chosen, task=args.data if args.data in glue.TASKS else None,
                       special_tokens=args.special_tokens, perturbation=args.perturbation, batch_size=args.batch_size,
                       eval_batch_size=args.eval_batch_size, max_length=args.max_length,
                       method_options={m: o for m, o in method_options.items() if o}, progress=not args.no_progress,
@@ -660,7 +663,7 @@ def _command(args) -> str:
     parts = ["normx evaluate faithfulness", f"--model {args.model}", f"--data {args.data}"]
     if args.data_dir:
         parts.append(f"--data-dir {args.data_dir}")
-    parts.append(f"--methods {args.methods}")
+    parts.append(f"--methods {','.join(names(args.methods) or ['all'])}")
     if args.limit is not None:
         parts.append(f"--limit {args.limit}")
     if args.special_tokens != "include":

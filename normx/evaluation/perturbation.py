@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from ..capture import eval_mode
 from ..errors import InvalidInputError
 from ..inputs import collate
 
@@ -179,8 +180,6 @@ class Perturber:
             if key not in self.cache and key not in todo:
                 todo[key] = item
         if todo:
-            from ..explain import eval_mode
-
             with eval_mode(self.model):
                 new = forward_logits(self.model, list(todo.values()), pad_id=self.pad_id,
                                      padding_side=self.padding_side, position_ids=self.position_ids,
