@@ -40,8 +40,8 @@ import numpy as np
 
 from ..errors import InvalidInputError, NormxError
 from . import evidence as ev
-from .commands import add_names_argument, names
 from .alignment import average_precision, dot_product
+from .commands import add_names_argument, names
 
 METRICS = {"dp": "Dot Product", "ap": "Average Precision"}
 DEFAULT_METHODS = ("logat", "normxlogit", "l2norm", "random")
