@@ -66,7 +66,8 @@ def _describe(data: dict, entries: list[dict]) -> list[str]:
              f"timer `{info.get('timer', '?')}`, commit {str(commit.get('id', '?'))[:10]}"
              f"{' (dirty tree)' if commit.get('dirty') else ''}."]
     rounds = sorted({e["stats"]["rounds"] for e in entries})
-    lines.append(f"Rounds per case: {', '.join(map(str, rounds))} (median shown).")
+    shown = f"{rounds[0]}–{rounds[-1]}" if len(rounds) > 2 else ", ".join(map(str, rounds))
+    lines.append(f"Rounds per case: {shown} (median shown).")
     return lines
 
 
@@ -151,7 +152,7 @@ def _captum_groups(data: dict) -> dict[str, dict]:
 
 
 def captum_table(data: dict) -> list[str]:
-    rows = [[group, _time(t["normx"]), _time(t["captum"]), f"{t['ratio']:.2f}×"]
+    rows = [[group, _time(t["normx"]), _time(t["captum"]), f"{t['ratio']:.3f}×"]
             for group, t in _captum_groups(data).items()]
     if not rows:
         return []
@@ -188,7 +189,7 @@ def goals(data: dict, entries: list[dict]) -> list[str]:
                      f"worst {worst[1]:.2f}× ({worst[0][0]}, L={worst[0][1]}).")
     for group, t in _captum_groups(data).items():
         verdict = "met" if t["ratio"] <= 1 else "not met"
-        lines.append(f"- {group}: normx no slower than Captum: {verdict} ({t['ratio']:.2f}×).")
+        lines.append(f"- {group}: normx no slower than Captum: {verdict} ({t['ratio']:.3f}×).")
     return lines
 
 

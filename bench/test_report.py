@@ -42,8 +42,8 @@ def test_tables_and_goals():
     assert "logat_all ≤ 1.2× the plain forward (encoded batch): 1 of 1 cases met" in text
     assert "| normxlogit | 19 (0.95×) · 10.0 ms |" in text
     assert "normxlogit max batch ≥ 0.9× the forward's: 1 of 1 cases met; worst 0.95×" in text
-    assert "| ig, same forward | 2.00 s | 2.50 s | 0.80× |" in text
-    assert "ig, same forward: normx no slower than Captum: met (0.80×)" in text
+    assert "| ig, same forward | 2.00 s | 2.50 s | 0.800× |" in text
+    assert "ig, same forward: normx no slower than Captum: met (0.800×)" in text
 
 
 def test_readme_block_is_replaced(tmp_path):

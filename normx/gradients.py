@@ -104,10 +104,17 @@ class HeadForward:
         # decoders' last_hidden_state is after their final norm, encoders' is the last block's output: both are
         # what the model's head reads
         hidden = output_tensor(self.model.base_model(inputs_embeds=embeds, **inputs, **self.kwargs))
-        h = hidden[rows, pooled]  # [N, H]
+        return self.read(hidden[rows, pooled], columns, foil)
+
+    def read(self, pooled_hidden: torch.Tensor, columns: torch.Tensor | None = None,
+             foil: torch.Tensor | None = None) -> torch.Tensor:
+        """The head on the pooled representations [N, H] (as the head sees them: decoders' after their final
+        norm), read at the target columns: [N, K]. ``columns`` / ``foil`` default to the batch's (N = B)."""
+        columns = self.columns if columns is None else columns
+        foil = self.foil if foil is None and pooled_hidden.shape[0] == self.batch else foil
         if self.regression:
-            return self.adapter.head(self.model, h, None)[:, :1]
-        out = self.adapter.head(self.model, h, self.vocab)  # [N, C] or [N, U]
+            return self.adapter.head(self.model, pooled_hidden, None)[:, :1]
+        out = self.adapter.head(self.model, pooled_hidden, self.vocab)  # [N, C] or [N, U]
         scores = torch.gather(out, 1, columns)
         if foil is not None:
             scores = scores - torch.gather(out, 1, foil[:, None])
@@ -152,12 +159,14 @@ def rule_parameters(rule: str, n_steps: int) -> tuple[list[float], list[float]]:
 
 
 def integrated_gradients(forward, embeds: torch.Tensor, baseline: torch.Tensor, n_steps: int = 50,
-                         rule: str = "gausslegendre", internal_batch_size: int | None = None
-                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                         rule: str = "gausslegendre", internal_batch_size: int | None = None,
+                         output: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Integrated Gradients of every target along the straight path from ``baseline`` to ``embeds``.
 
     ``internal_batch_size`` is the number of rows per forward pass, as in Captum: ``internal_batch_size // B``
-    steps (at least one) go through the model together; ``None`` runs all steps at once.
+    steps (at least one) go through the model together; ``None`` runs all steps at once. ``output``: f(embeds)
+    [B, K] if already known (explain has it from its prediction pass), so that the completeness check only runs
+    the baseline through the model.
 
     Returns (attributions [K, B, T, H] float32, convergence delta [B, K], f(x) - f(baseline) [B, K]).
     """
@@ -178,8 +187,12 @@ def integrated_gradients(forward, embeds: torch.Tensor, baseline: torch.Tensor, 
         total = chunk if total is None else total + chunk
     attributions = total * diff
     with torch.no_grad():
-        ends = forward(torch.cat([embeds, baseline])).float()
-    change = ends[:batch] - ends[batch:]  # f(x) - f(baseline), [B, K]
+        if output is None:
+            ends = forward(torch.cat([embeds, baseline])).float()
+            output, at_baseline = ends[:batch], ends[batch:]
+        else:
+            at_baseline = forward(baseline).float()
+    change = output.float() - at_baseline  # f(x) - f(baseline), [B, K]
     delta = attributions.sum(dim=(2, 3)).T - change
     return attributions, delta, change
 
@@ -229,8 +242,12 @@ def _integrated_gradients(ctx: Context) -> torch.Tensor:
     else:
         pad = torch.full_like(forward.input_ids[:1, :1], pad_embedding_id(ctx.labels.tokenizer))
         baseline = forward.embed(pad).expand_as(embeds)
+    run = ctx.run
+    with torch.no_grad():  # f(x) from the prediction pass's last layer: no second forward pass on the inputs
+        last = run.head_input(max(run.hidden))
+        output = forward.read(last[torch.arange(last.shape[0], device=last.device), run.pooled])
     attributions, delta, change = integrated_gradients(forward, embeds, baseline, options["n_steps"], options["rule"],
-                                                       options["internal_batch_size"])
+                                                       options["internal_batch_size"], output)
     ctx.diagnostics["convergence_delta"] = delta
     ctx.diagnostics["output_difference"] = change
     return _scores(attributions, options["aggregation"])

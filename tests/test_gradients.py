@@ -509,3 +509,22 @@ def test_cli_options(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["results"][0]["settings"]["seed"] == 3
     assert main(["explain", "--model", str(tmp_path), "--n-steps", "4", "x"]) == 2
     assert "does not take the option(s) n_steps" in capsys.readouterr().err
+
+
+def test_integrated_gradients_with_a_known_output_checks_completeness_the_same():
+    """``output=f(x)`` (what explain passes from its prediction pass) only spares the forward pass on x: the same
+    attributions, delta and output difference as computing f(x) inside."""
+    model, tokenizer = build("BertForSequenceClassification")
+    enc = tokenizer(TEXTS[:2], padding=True, return_tensors="pt")
+    pooled = torch.zeros(2, dtype=torch.long)
+    forward = HeadForward(model, get_adapter(model), dict(enc), pooled, torch.tensor([[0], [1]]))
+    embeds = forward.embed()
+    baseline = torch.zeros_like(embeds)
+    with torch.no_grad():
+        output = forward(embeds)
+        hidden = model.base_model(**enc).last_hidden_state
+    torch.testing.assert_close(forward.read(hidden[:, 0]), output, atol=1e-6, rtol=0)  # read = the head part
+    inside = integrated_gradients(forward, embeds, baseline, 8, "gausslegendre", None)
+    given = integrated_gradients(forward, embeds, baseline, 8, "gausslegendre", None, output=output)
+    for a, b in zip(inside, given):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
