@@ -161,14 +161,23 @@ def attribute_batch(plan: Plan, inputs: dict[str, torch.Tensor]) -> BatchAttribu
     """One batch of :func:`explain` without the tokenising and the result objects: ``inputs`` as
     :func:`normx.inputs.collate` makes them (``input_ids``, ``attention_mask``, the tokenizer's extra inputs,
     decoders' ``position_ids``), on the model's device. The model should be in eval mode."""
+    ids = inputs["input_ids"]
+    foil = None if plan.foil_column is None else torch.full(ids.shape[:1], plan.foil_column, device=ids.device)
     with torch.no_grad():
-        run = Pass(plan.base, plan.adapter, inputs, plan.layers, plan.embedding,
-                   mask_token_id=plan.mask_token_id).run()
-        logits = run.pooled_logits().float()
-        columns = _target_columns(plan.labels, logits, plan.target_columns)
-        foil = None if plan.foil_column is None else torch.full_like(columns[:, 0], plan.foil_column)
-        ctx = Context(run, plan.labels, columns, foil, options=plan.options)
-        scores = plan.method.compute(ctx).float()
+        run = Pass(plan.base, plan.adapter, inputs, plan.layers, plan.embedding, mask_token_id=plan.mask_token_id)
+        if plan.method.predicts:  # its own forward pass makes the prediction (ctx.predict)
+            ctx = Context(run.locate(), plan.labels, None, foil, options=plan.options,
+                          select=lambda logits: _target_columns(plan.labels, logits, plan.target_columns))
+            scores = plan.method.compute(ctx).float()
+            if ctx.logits is None:
+                raise RuntimeError(f"method {plan.method.name!r} has predicts=True but never called ctx.predict()")
+            logits, columns = ctx.logits, ctx.columns
+        else:
+            run.run()
+            logits = run.pooled_logits().float()
+            columns = _target_columns(plan.labels, logits, plan.target_columns)
+            ctx = Context(run, plan.labels, columns, foil, options=plan.options)
+            scores = plan.method.compute(ctx).float()
     return BatchAttribution(scores, logits, columns, run.pooled, ctx.diagnostics)
 
 

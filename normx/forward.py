@@ -49,6 +49,10 @@ class Pass:
             model.base_model(**self.inputs, **kwargs)
         self.input_norm = store.pop("x0")
         self.hidden = {int(key[1:]): value for key, value in store.items()}
+        return self.locate()
+
+    def locate(self) -> Pass:
+        """Only find the pooled positions, without the forward pass (for methods that run their own)."""
         self.pooled = self._pooled_positions()
         return self
 

@@ -7,6 +7,10 @@ model adds position / token-type embeddings and applies its embedding LayerNorm 
 ([CLS], the last token, or the mask token), read at the target columns (minus the foil column for contrastive
 targets; the single output for regression). LM heads compute only the needed vocabulary columns.
 
+Gradient Norm and Gradient×Input cost one forward and one backward pass per target: their forward pass from the
+word embeddings also makes the prediction that picks the default target (:func:`predict_and_differentiate`),
+where the usual recipe (and Captum's) runs a separate prediction pass first.
+
 Per-token scores aggregate the [hidden] attribution vector of each token: ``"l1"`` (sum of absolute values; the
 NormXLogit paper's), ``"l2"`` (Euclidean norm) or ``"sum"`` (signed sum, as Captum tutorials and ferret do).
 The plain gradient's sum is ~0 in models whose word embeddings only reach LayerNorms (BERT-style encoders, GPT-2):
@@ -222,15 +226,39 @@ def pad_embedding_id(tokenizer) -> int:
 
 # ---- the methods ----------------------------------------------------------------------------------------------------
 
+def predict_and_differentiate(ctx: Context) -> tuple[torch.Tensor, torch.Tensor]:
+    """One forward pass from the word embeddings that both makes the prediction (``ctx.predict``, which resolves
+    the targets) and is differentiated, one backward pass per target: (word embeddings [B, T, H], d f_k / d
+    embeddings [K, B, T, H] float32). f_k is what :class:`HeadForward` computes: the head at the pooled position,
+    read at target k (minus the foil)."""
+    run = ctx.run
+    model, adapter = run.model, run.adapter
+    with torch.no_grad():
+        embeds = adapter.embedding_module(model, "word")(run.inputs["input_ids"]).detach()
+    others = {k: v for k, v in run.inputs.items() if k != "input_ids"}
+    kwargs = {"use_cache": False} if adapter.pooling == "last" else {}
+    rows = torch.arange(embeds.shape[0], device=embeds.device)
+    with torch.enable_grad():
+        leaf = embeds.detach().requires_grad_(True)
+        with frozen_parameters(model):
+            hidden = output_tensor(model.base_model(inputs_embeds=leaf, **others, **kwargs))
+            logits = adapter.head(model, hidden[rows, run.pooled], None)  # [B, C] or the whole vocabulary
+        columns = ctx.predict(logits)
+        scores = torch.gather(logits, 1, columns)
+        if ctx.foil is not None:
+            scores = scores - torch.gather(logits, 1, ctx.foil[:, None])
+        k = scores.shape[1]
+        grads = [torch.autograd.grad(scores[:, j].sum(), leaf, retain_graph=j < k - 1)[0].float() for j in range(k)]
+    return embeds, torch.stack(grads)
+
+
 def _gradient_norm(ctx: Context) -> torch.Tensor:
-    forward = HeadForward.from_context(ctx)
-    return _scores(gradients(forward, forward.embed()), ctx.options["aggregation"])
+    return _scores(predict_and_differentiate(ctx)[1], ctx.options["aggregation"])
 
 
 def _gradient_x_input(ctx: Context) -> torch.Tensor:
-    forward = HeadForward.from_context(ctx)
-    embeds = forward.embed()
-    return _scores(gradients(forward, embeds) * embeds.float(), ctx.options["aggregation"])
+    embeds, grads = predict_and_differentiate(ctx)
+    return _scores(grads * embeds.float(), ctx.options["aggregation"])
 
 
 def _integrated_gradients(ctx: Context) -> torch.Tensor:
@@ -309,11 +337,11 @@ register_method(Method(
     "gradient_norm", _gradient_norm,
     "Gradient Norm: the gradient of the target's logit w.r.t. each token's word embedding, aggregated over the "
     "embedding dimensions (aggregation: l1 | l2 | sum)",
-    layered=False, options=AGGREGATION, check_options=_check_aggregation))
+    layered=False, predicts=True, options=AGGREGATION, check_options=_check_aggregation))
 register_method(Method(
     "gradient_x_input", _gradient_x_input,
     "Gradient x Input: gradient times word embedding, aggregated over the embedding dimensions",
-    layered=False, options=AGGREGATION, check_options=_check_aggregation))
+    layered=False, predicts=True, options=AGGREGATION, check_options=_check_aggregation))
 register_method(Method(
     "integrated_gradients", _integrated_gradients,
     "Integrated Gradients from a zero (or pad-token) embedding baseline to the word embeddings, as Captum "

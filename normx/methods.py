@@ -23,10 +23,19 @@ class Context:
 
     run: Pass
     labels: LabelSpace
-    columns: torch.Tensor  # [B, K] target columns
+    columns: torch.Tensor | None  # [B, K] target columns (None until ``predict`` for methods that predict)
     foil: torch.Tensor | None  # [B] foil column, for contrastive scores
     options: dict[str, Any] = field(default_factory=dict)  # the method's options, defaults filled in
     diagnostics: dict[str, torch.Tensor] = field(default_factory=dict)  # per-row [B, K] values a method reports
+    select: Callable[[torch.Tensor], torch.Tensor] | None = None  # prediction logits [B, C] -> target columns
+    logits: torch.Tensor | None = None  # [B, C] the prediction, set by ``predict``
+
+    def predict(self, logits: torch.Tensor) -> torch.Tensor:
+        """For methods with ``predicts=True``: report the model's prediction logits [B, C] (all classes, or the
+        whole vocabulary) from the method's own forward pass; returns the target columns [B, K] they select."""
+        self.logits = logits.detach().float()
+        self.columns = self.select(self.logits)
+        return self.columns
 
     def logat(self) -> torch.Tensor:
         return self.run.logat(self.labels, self.columns, self.foil)
@@ -41,7 +50,9 @@ class Method:
     """An attribution method.
 
     ``layered=False`` methods (gradients) attribute to the input embeddings only: their scores have one layer,
-    reported as layer 0. ``options`` maps each keyword option the method takes to its default; ``check_options``
+    reported as layer 0. ``predicts=True`` methods run their own forward pass and report the prediction from it
+    (:meth:`Context.predict`, which also resolves the targets), so explain skips its capture pass for them: the
+    context then has the pooled positions but no captured layers. ``options`` maps each keyword option the method takes to its default; ``check_options``
     validates the resolved options (raising :class:`~normx.errors.InvalidInputError`) and may normalise them.
     """
 
@@ -51,6 +62,7 @@ class Method:
     default_layer: Literal["last", "input"] = "last"
     label_dependent: bool = True
     layered: bool = True
+    predicts: bool = False
     options: Mapping[str, Any] = field(default_factory=dict)
     check_options: Callable[[dict[str, Any]], dict[str, Any]] | None = None
 

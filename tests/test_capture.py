@@ -117,7 +117,7 @@ def test_gradient_methods_leave_requires_grad_as_it_was(monkeypatch):
 
     forward = model.classifier.forward
 
-    def boom(*args, **kwargs):  # the gradient pass fails (the attribution's first forward runs without grad)
+    def boom(*args, **kwargs):  # the forward pass with gradients fails
         if torch.is_grad_enabled():
             assert not model.classifier.bias.requires_grad  # inside the frozen pass
             raise RuntimeError("boom")

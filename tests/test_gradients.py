@@ -528,3 +528,18 @@ def test_integrated_gradients_with_a_known_output_checks_completeness_the_same()
     given = integrated_gradients(forward, embeds, baseline, 8, "gausslegendre", None, output=output)
     for a, b in zip(inside, given):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("case", CASES, ids=ids(CASES))
+def test_gradient_methods_predict_what_the_capture_pass_predicts(case):
+    """Gradient Norm and Gradient×Input make the prediction from their own forward pass (from the word embeddings,
+    with gradients): the same prediction, probabilities and targets as the capture pass of the other methods."""
+    model, tokenizer = build(case.id)
+    texts = texts_for(case, tokenizer)[:3]  # different lengths: padding included
+    reference = normx.explain(model, tokenizer, texts, method="normxlogit", batch_size=3)
+    for method in ("gradient_norm", "gradient_x_input"):
+        for got, want in zip(normx.explain(model, tokenizer, texts, method=method, batch_size=3), reference):
+            assert got.prediction == want.prediction and got.labels == want.labels
+            assert got.probabilities.keys() == want.probabilities.keys()
+            for name, p in want.probabilities.items():
+                assert got.probabilities[name] == pytest.approx(p, abs=1e-5)
