@@ -52,8 +52,9 @@ class Method:
     ``layered=False`` methods (gradients) attribute to the input embeddings only: their scores have one layer,
     reported as layer 0. ``predicts=True`` methods run their own forward pass and report the prediction from it
     (:meth:`Context.predict`, which also resolves the targets), so explain skips its capture pass for them: the
-    context then has the pooled positions but no captured layers. ``options`` maps each keyword option the method takes to its default; ``check_options``
-    validates the resolved options (raising :class:`~normx.errors.InvalidInputError`) and may normalise them.
+    context then has the pooled positions but no captured layers. ``options`` maps each keyword option the method
+    takes to its default; ``check_options`` validates the resolved options (raising
+    :class:`~normx.errors.InvalidInputError`) and may normalise them.
     """
 
     name: str
