@@ -35,18 +35,17 @@ def timed_rounds(benchmark, target: Callable, baseline: Callable | None, device:
     warmup = warmup if benchmark.enabled else 0
     tracker = PeakTracker(device)
     tracker.supported = tracker.supported and warmup > 0
+    def seconds(fn: Callable) -> float:
+        start = timer()
+        fn()
+        return timer() - start
+
     per_round = 0.0
     for index in range(warmup):  # untimed by pytest-benchmark; the first one measures peak memory
-        spent = 0.0
-        if baseline is not None:
-            start = timer()
-            baseline()
-            spent += timer() - start
+        spent = 0.0 if baseline is None else seconds(baseline)
         if index == 0:
             tracker.start()
-        start = timer()
-        target()
-        spent += timer() - start
+        spent += seconds(target)
         if index == 0:
             tracker.stop()
         per_round = spent
@@ -55,9 +54,7 @@ def timed_rounds(benchmark, target: Callable, baseline: Callable | None, device:
 
     def setup():
         if baseline is not None:
-            start = timer()
-            baseline()
-            baseline_times.append(timer() - start)
+            baseline_times.append(seconds(baseline))
 
     if device.type == "cuda":
         torch.cuda.synchronize(device)

@@ -176,7 +176,7 @@ def attribute_batch(plan: Plan, inputs: dict[str, torch.Tensor]) -> BatchAttribu
             run.run()
             logits = run.pooled_logits().float()
             columns = _target_columns(plan.labels, logits, plan.target_columns)
-            ctx = Context(run, plan.labels, columns, foil, options=plan.options)
+            ctx = Context(run, plan.labels, columns, foil, options=plan.options, logits=logits)
             scores = plan.method.compute(ctx).float()
     return BatchAttribution(scores, logits, columns, run.pooled, ctx.diagnostics)
 

@@ -70,7 +70,6 @@ class HeadForward:
         self.inputs = {k: v for k, v in inputs.items() if k != "input_ids"}
         self.batch = self.input_ids.shape[0]
         self.pooled, self.regression = pooled, regression
-        self.kwargs = {"use_cache": False} if adapter.pooling == "last" else {}
         self.vocabulary = adapter.kind in ("masked_lm", "causal_lm") and not regression
         if self.vocabulary:  # compute only the wanted vocabulary columns
             wanted = columns if foil is None else torch.cat([columns, foil[:, None]], dim=1)
@@ -87,42 +86,47 @@ class HeadForward:
 
     def embed(self, ids: torch.Tensor | None = None) -> torch.Tensor:
         """The word embeddings [B, T, H] of ``ids`` (default: the batch's input ids), without autograd history."""
-        module = self.adapter.embedding_module(self.model, "word")
-        with torch.no_grad():
-            return module(self.input_ids if ids is None else ids).detach()
+        return word_embeddings(self.model, self.adapter, self.input_ids if ids is None else ids)
 
     def _inputs(self, repeats: int):
         if repeats not in self._repeated:
             def rep(t):
                 return None if t is None else t.repeat(repeats, *([1] * (t.dim() - 1)))
             self._repeated[repeats] = ({k: rep(v) for k, v in self.inputs.items()}, rep(self.pooled),
-                                       rep(self.columns), rep(self.foil),
-                                       torch.arange(repeats * self.batch, device=self.pooled.device))
+                                       rep(self.columns), rep(self.foil))
         return self._repeated[repeats]
 
     def __call__(self, embeds: torch.Tensor) -> torch.Tensor:
         repeats, rest = divmod(embeds.shape[0], self.batch)
         if rest or not repeats:
             raise ValueError(f"inputs_embeds has {embeds.shape[0]} rows, not a multiple of the batch's {self.batch}")
-        inputs, pooled, columns, foil, rows = self._inputs(repeats)
-        # decoders' last_hidden_state is after their final norm, encoders' is the last block's output: both are
-        # what the model's head reads
-        hidden = output_tensor(self.model.base_model(inputs_embeds=embeds, **inputs, **self.kwargs))
-        return self.read(hidden[rows, pooled], columns, foil)
+        inputs, pooled, columns, foil = self._inputs(repeats)
+        out = pooled_head(self.model, self.adapter, inputs, pooled, embeds, self.vocab)  # [N, C] or [N, U]
+        return out[:, :1] if self.regression else select(out, columns, foil)
 
-    def read(self, pooled_hidden: torch.Tensor, columns: torch.Tensor | None = None,
-             foil: torch.Tensor | None = None) -> torch.Tensor:
-        """The head on the pooled representations [N, H] (as the head sees them: decoders' after their final
-        norm), read at the target columns: [N, K]. ``columns`` / ``foil`` default to the batch's (N = B)."""
-        columns = self.columns if columns is None else columns
-        foil = self.foil if foil is None and pooled_hidden.shape[0] == self.batch else foil
-        if self.regression:
-            return self.adapter.head(self.model, pooled_hidden, None)[:, :1]
-        out = self.adapter.head(self.model, pooled_hidden, self.vocab)  # [N, C] or [N, U]
-        scores = torch.gather(out, 1, columns)
-        if foil is not None:
-            scores = scores - torch.gather(out, 1, foil[:, None])
-        return scores
+
+def word_embeddings(model: torch.nn.Module, adapter: Adapter, ids: torch.Tensor) -> torch.Tensor:
+    """The word embeddings [B, T, H] of ``ids``, without autograd history."""
+    with torch.no_grad():
+        return adapter.embedding_module(model, "word")(ids).detach()
+
+
+def pooled_head(model: torch.nn.Module, adapter: Adapter, inputs: dict[str, torch.Tensor], pooled: torch.Tensor,
+                embeds: torch.Tensor, vocab: torch.Tensor | None = None) -> torch.Tensor:
+    """The head-on-top [N, C] (LM heads: the ``vocab`` columns, or all) at the pooled positions [N] of a forward
+    pass from ``inputs_embeds`` [N, T, H] with the other ``inputs`` (no ``input_ids``)."""
+    kwargs = {"use_cache": False} if adapter.pooling == "last" else {}
+    # decoders' last_hidden_state is after their final norm, encoders' is the last block's output: both are what
+    # the model's head reads
+    hidden = output_tensor(model.base_model(inputs_embeds=embeds, **inputs, **kwargs))
+    rows = torch.arange(hidden.shape[0], device=hidden.device)
+    return adapter.head(model, hidden[rows, pooled], vocab)
+
+
+def select(out: torch.Tensor, columns: torch.Tensor, foil: torch.Tensor | None = None) -> torch.Tensor:
+    """``out`` [N, C] read at the target columns [N, K], minus the foil column [N] if given: [N, K]."""
+    scores = torch.gather(out, 1, columns)
+    return scores if foil is None else scores - torch.gather(out, 1, foil[:, None])
 
 
 # ---- gradients and Integrated Gradients ---------------------------------------------------------------------------
@@ -135,11 +139,15 @@ def _target_gradients(forward, embeds: torch.Tensor) -> tuple[torch.Tensor, list
     MiniLM on CPU measured 0.4-3% faster with it, within run-to-run noise)."""
     with torch.enable_grad():
         leaf = embeds.detach().requires_grad_(True)
-        with frozen_parameters(getattr(forward, "model", None) if isinstance(forward, HeadForward) else None):
+        with frozen_parameters(forward.model if isinstance(forward, HeadForward) else None):
             out = forward(leaf)
-        k = out.shape[1]
-        grads = [torch.autograd.grad(out[:, j].sum(), leaf, retain_graph=j < k - 1)[0] for j in range(k)]
-    return out.detach(), grads
+        return out.detach(), _per_target(out, leaf)
+
+
+def _per_target(out: torch.Tensor, leaf: torch.Tensor) -> list[torch.Tensor]:
+    """d out[:, k] / d leaf for every column k of ``out`` [N, K]: one backward pass each."""
+    k = out.shape[1]
+    return [torch.autograd.grad(out[:, j].sum(), leaf, retain_graph=j < k - 1)[0] for j in range(k)]
 
 
 def gradients(forward, embeds: torch.Tensor) -> torch.Tensor:
@@ -232,24 +240,14 @@ def predict_and_differentiate(ctx: Context) -> tuple[torch.Tensor, torch.Tensor]
     embeddings [K, B, T, H] float32). f_k is what :class:`HeadForward` computes: the head at the pooled position,
     read at target k (minus the foil)."""
     run = ctx.run
-    model, adapter = run.model, run.adapter
-    with torch.no_grad():
-        embeds = adapter.embedding_module(model, "word")(run.inputs["input_ids"]).detach()
+    embeds = word_embeddings(run.model, run.adapter, run.inputs["input_ids"])
     others = {k: v for k, v in run.inputs.items() if k != "input_ids"}
-    kwargs = {"use_cache": False} if adapter.pooling == "last" else {}
-    rows = torch.arange(embeds.shape[0], device=embeds.device)
     with torch.enable_grad():
         leaf = embeds.detach().requires_grad_(True)
-        with frozen_parameters(model):
-            hidden = output_tensor(model.base_model(inputs_embeds=leaf, **others, **kwargs))
-            logits = adapter.head(model, hidden[rows, run.pooled], None)  # [B, C] or the whole vocabulary
-        columns = ctx.predict(logits)
-        scores = torch.gather(logits, 1, columns)
-        if ctx.foil is not None:
-            scores = scores - torch.gather(logits, 1, ctx.foil[:, None])
-        k = scores.shape[1]
-        grads = [torch.autograd.grad(scores[:, j].sum(), leaf, retain_graph=j < k - 1)[0].float() for j in range(k)]
-    return embeds, torch.stack(grads)
+        with frozen_parameters(run.model):
+            logits = pooled_head(run.model, run.adapter, others, run.pooled, leaf)  # [B, C] or the whole vocabulary
+        grads = _per_target(select(logits, ctx.predict(logits), ctx.foil), leaf)
+    return embeds, torch.stack([g.float() for g in grads])
 
 
 def _gradient_norm(ctx: Context) -> torch.Tensor:
@@ -270,10 +268,7 @@ def _integrated_gradients(ctx: Context) -> torch.Tensor:
     else:
         pad = torch.full_like(forward.input_ids[:1, :1], pad_embedding_id(ctx.labels.tokenizer))
         baseline = forward.embed(pad).expand_as(embeds)
-    run = ctx.run
-    with torch.no_grad():  # f(x) from the prediction pass's last layer: no second forward pass on the inputs
-        last = run.head_input(max(run.hidden))
-        output = forward.read(last[torch.arange(last.shape[0], device=last.device), run.pooled])
+    output = select(ctx.logits, ctx.columns, ctx.foil)  # f(x) from the prediction pass: no forward pass on x again
     attributions, delta, change = integrated_gradients(forward, embeds, baseline, options["n_steps"], options["rule"],
                                                        options["internal_batch_size"], output)
     ctx.diagnostics["convergence_delta"] = delta

@@ -28,7 +28,7 @@ class Context:
     options: dict[str, Any] = field(default_factory=dict)  # the method's options, defaults filled in
     diagnostics: dict[str, torch.Tensor] = field(default_factory=dict)  # per-row [B, K] values a method reports
     select: Callable[[torch.Tensor], torch.Tensor] | None = None  # prediction logits [B, C] -> target columns
-    logits: torch.Tensor | None = None  # [B, C] the prediction, set by ``predict``
+    logits: torch.Tensor | None = None  # [B, C] float32 the prediction (methods with predicts=True: set by ``predict``)
 
     def predict(self, logits: torch.Tensor) -> torch.Tensor:
         """For methods with ``predicts=True``: report the model's prediction logits [B, C] (all classes, or the

@@ -25,7 +25,7 @@ import normx
 from normx.adapters import get_adapter
 from normx.cli import main
 from normx.errors import InvalidInputError
-from normx.gradients import RULES, HeadForward, integrated_gradients, rule_parameters
+from normx.gradients import RULES, HeadForward, integrated_gradients, rule_parameters, select
 
 pytestmark = pytest.mark.filterwarnings("ignore:Input Tensor 0 did not already require gradients:UserWarning")
 ATOL = 1e-4  # parity with Captum
@@ -522,8 +522,9 @@ def test_integrated_gradients_with_a_known_output_checks_completeness_the_same()
     baseline = torch.zeros_like(embeds)
     with torch.no_grad():
         output = forward(embeds)
-        hidden = model.base_model(**enc).last_hidden_state
-    torch.testing.assert_close(forward.read(hidden[:, 0]), output, atol=1e-6, rtol=0)  # read = the head part
+        logits = model(**enc).logits
+    # what explain passes: the prediction pass's logits read at the targets
+    torch.testing.assert_close(select(logits, torch.tensor([[0], [1]])), output, atol=1e-6, rtol=0)
     inside = integrated_gradients(forward, embeds, baseline, 8, "gausslegendre", None)
     given = integrated_gradients(forward, embeds, baseline, 8, "gausslegendre", None, output=output)
     for a, b in zip(inside, given):
