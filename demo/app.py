@@ -58,6 +58,7 @@ EXAMPLES = [
     ("minilm-sst2", "not bad at all, though the ending drags on", ""),
     ("minilm-mnli", "A man is playing a guitar on stage.", "A person is performing music."),
     ("minilm-mnli", "The cat is sleeping on the sofa.", "The cat is chasing a mouse."),
+    ("minilm-qnli", "What instrument is the man playing?", "A man is playing a guitar on stage."),
     ("minilm-stsb", "A woman is slicing an onion.", "Someone is cutting a vegetable."),
     ("smollm2-sst2", "an utterly charming and funny story", ""),
     ("smollm2", "The capital of France is", ""),

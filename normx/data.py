@@ -61,7 +61,7 @@ def load(task: str, split: str, path: str | os.PathLike | None = None) -> list[E
     if folder is None:
         return _from_hub(task, split)
     if task in ("mnli", "qnli"):
-        return _held_out_split(_read(task, folder), split)
+        return held_out_split(_read(task, folder), split)
     return _read(task, folder, split)
 
 
@@ -102,7 +102,10 @@ def _exists(file: Path) -> Path:
     return file
 
 
-def _held_out_split(examples: list[Example], split: str) -> list[Example]:
+def held_out_split(examples: list, split: str) -> list:
+    """The seeded ``"train"`` part (``HELD_IN``) of ``examples`` or the disjoint ``"dev"`` rest, in file order."""
+    if split not in SPLITS:
+        raise InvalidInputError(f"unknown split {split!r}; use one of {SPLITS}")
     order = list(range(len(examples)))
     random.Random(SPLIT_SEED).shuffle(order)
     cut = int(len(order) * HELD_IN)
@@ -123,4 +126,4 @@ def _from_hub(task: str, split: str) -> list[Example]:
     keys = {"sst2": ("sentence", None), "stsb": ("sentence1", "sentence2"), "mnli": ("premise", "hypothesis"),
             "qnli": ("question", "sentence")}[task]
     examples = [Example(r[keys[0]], None if keys[1] is None else r[keys[1]], r["label"]) for r in rows]
-    return _held_out_split(examples, split) if task in ("mnli", "qnli") else examples
+    return held_out_split(examples, split) if task in ("mnli", "qnli") else examples

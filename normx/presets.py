@@ -82,7 +82,7 @@ def smollm2_dir() -> Path:
 class Preset:
     name: str
     base: str  # "minilm" | "smollm2"
-    task: str  # "sequence-classification" | "causal-lm"
+    task: str  # "sequence-classification" | "masked-lm" | "causal-lm"
     description: str
     labels: tuple[str, ...] = ()
     inputs: str = "single"  # "single" | "pair"
@@ -115,6 +115,10 @@ class Preset:
         if self.task == "causal-lm":
             with _quiet():
                 return transformers.LlamaForCausalLM.from_pretrained(folder, **kwargs), tokenizer
+        if self.task == "masked-lm":
+            config = transformers.AutoConfig.from_pretrained(folder, architectures=["BertForMaskedLM"])
+            with _quiet():
+                return transformers.BertForMaskedLM.from_pretrained(folder, config=config, **kwargs), tokenizer
         cls = transformers.BertForSequenceClassification if self.base == "minilm" \
             else transformers.LlamaForSequenceClassification
         config = transformers.AutoConfig.from_pretrained(
@@ -196,6 +200,16 @@ PRESETS: dict[str, Preset] = {p.name: p for p in [
            "NLI (MNLI; trained on a seeded 70% of dev-matched, reported on the rest), MiniLM + LoRA",
            labels=("entailment", "neutral", "contradiction"), inputs="pair",
            recipe=Recipe("mnli", _BERT_LORA, _BERT_HEAD, epochs=3.0, lr=5e-4, batch_size=16)),
+    Preset("minilm-qnli", "minilm", "sequence-classification",
+           "question answering NLI (QNLI; trained on a seeded 70% of dev, reported on the rest), MiniLM + LoRA",
+           labels=("entailment", "not_entailment"), inputs="pair",
+           recipe=Recipe("qnli", _BERT_LORA, _BERT_HEAD, epochs=3.0, lr=5e-4, batch_size=16)),
+    Preset("minilm-blimp", "minilm", "masked-lm",
+           "masked LM for BLiMP agreement, MiniLM + LoRA + MLM head trained like the paper's on a seeded 70% of 5 "
+           "BLiMP paradigms; only the agreeing vs the other word at [MASK] is trained (explain with target=[good, "
+           "bad]); its top vocabulary prediction means nothing",
+           recipe=Recipe("blimp", _BERT_LORA, ("predictions.transform",), epochs=3.0, lr=5e-4, batch_size=32,
+                         max_length=64)),
     Preset("smollm2-sst2", "smollm2", "sequence-classification", "sentiment (SST-2), SmolLM2 + LoRA rank 4",
            labels=("negative", "positive"),
            recipe=Recipe("sst2", ("q_proj", "v_proj"), ("score",), rank=4, alpha=8, lr=5e-4, batch_size=16,

@@ -25,7 +25,7 @@ from .errors import InvalidInputError
 class Recipe:
     """How a preset is trained."""
 
-    task: str  # a normx.data task
+    task: str  # a normx.data task, or "blimp" (a masked LM on BLiMP pairs, normx.blimp_lm)
     target_modules: tuple[str, ...]  # LoRA targets
     modules_to_save: tuple[str, ...]  # trained in full and saved (the head)
     rank: int = 8
@@ -49,15 +49,17 @@ def batches(examples: Sequence[glue.Example], size: int):
         yield examples[start:start + size]
 
 
-def length_buckets(examples: Sequence[glue.Example], size: int, rng: random.Random, pool: int = 50
-                   ) -> list[list[glue.Example]]:
+def length_buckets(examples: Sequence, size: int, rng: random.Random, pool: int = 50,
+                   length: Callable | None = None) -> list[list]:
     """One epoch of batches in random order, each drawn from a pool of similar-length examples, so little
-    compute goes to padding (SST-2's phrases range from 1 to 50+ words)."""
+    compute goes to padding (SST-2's phrases range from 1 to 50+ words). ``length``: an example's length (default:
+    the characters of its text and pair)."""
     shuffled = list(examples)
     rng.shuffle(shuffled)
     batches_ = []
     for start in range(0, len(shuffled), size * pool):
-        group = sorted(shuffled[start:start + size * pool], key=lambda e: len(e.text) + len(e.pair or ""))
+        group = sorted(shuffled[start:start + size * pool],
+                       key=length or (lambda e: len(e.text) + len(e.pair or "")))
         batches_.extend(group[i:i + size] for i in range(0, len(group), size))
     rng.shuffle(batches_)
     return batches_
@@ -91,6 +93,13 @@ def score(task: str, predictions: np.ndarray, examples: Sequence[glue.Example]) 
 
 
 def evaluate(model, tokenizer, task: str, data_path=None, limit: int | None = None, progress: bool = True) -> dict:
+    """The preset's metric on the dev split (the held-out part for MNLI, QNLI and BLiMP)."""
+    if task == "blimp":
+        from . import blimp_lm
+
+        items = blimp_lm.items(tokenizer, "dev", data_path)[:limit]
+        return {"metric": metric_name(task), "value": blimp_lm.accuracy(model, tokenizer, items),
+                "examples": len(items)}
     examples = glue.load(task, "dev", data_path)
     if limit is not None:
         examples = examples[:limit]
@@ -108,10 +117,17 @@ def train(recipe: Recipe, build: Callable[[], tuple], out: str | Path, data_path
 
     _seed_everything(seed)
     model, tokenizer = build()
-    config = LoraConfig(task_type="SEQ_CLS", r=recipe.rank, lora_alpha=recipe.alpha, lora_dropout=recipe.dropout,
-                        target_modules=list(recipe.target_modules), modules_to_save=list(recipe.modules_to_save))
+    lm = recipe.task == "blimp"
+    config = LoraConfig(task_type=None if lm else "SEQ_CLS", r=recipe.rank, lora_alpha=recipe.alpha,
+                        lora_dropout=recipe.dropout, target_modules=list(recipe.target_modules),
+                        modules_to_save=list(recipe.modules_to_save))
     model = get_peft_model(model, config)
-    examples = glue.load(recipe.task, "train", data_path)
+    if lm:
+        from . import blimp_lm
+
+        examples = blimp_lm.items(tokenizer, "train", data_path)
+    else:
+        examples = glue.load(recipe.task, "train", data_path)
     rng = random.Random(seed)
     if recipe.train_limit is not None and recipe.train_limit < len(examples):
         examples = rng.sample(examples, recipe.train_limit)
@@ -129,12 +145,16 @@ def train(recipe: Recipe, build: Callable[[], tuple], out: str | Path, data_path
     bar = _progress(range(total), progress, f"training {recipe.task}")
     for step in bar:
         if not order:
-            order = length_buckets(examples, recipe.batch_size, rng)
+            order = length_buckets(examples, recipe.batch_size, rng,
+                                   length=(lambda item: len(item.text)) if lm else None)
         chunk = order.pop()
-        batch = encode_batch(tokenizer, chunk, recipe.max_length, device)
-        dtype = torch.float32 if recipe.task == "stsb" else torch.long
-        labels = torch.tensor([e.label for e in chunk], dtype=dtype, device=device)
-        loss = model(**batch, labels=labels).loss
+        if lm:
+            loss = blimp_lm.loss(model, tokenizer, chunk, recipe.max_length, device)
+        else:
+            batch = encode_batch(tokenizer, chunk, recipe.max_length, device)
+            dtype = torch.float32 if recipe.task == "stsb" else torch.long
+            labels = torch.tensor([e.label for e in chunk], dtype=dtype, device=device)
+            loss = model(**batch, labels=labels).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()

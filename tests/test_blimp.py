@@ -318,6 +318,25 @@ def test_input_errors(data):
         blimp.evaluate_blimp(classifier, tok, ["ana"], data=data, progress=False)
 
 
+def test_split_pairs_cuts_a_seeded_train_part_and_a_disjoint_dev_rest():
+    pairs = list(range(50))  # any sequence: the cut is by position, seeded, and keeps file order
+    train, dev = blimp.split_pairs(pairs, "train"), blimp.split_pairs(pairs, "dev")
+    assert len(train) == 35 and len(dev) == 15
+    assert sorted(train + dev) == pairs and train == sorted(train) and dev == sorted(dev)
+    assert blimp.split_pairs(pairs, "train") == train and blimp.split_pairs(pairs, "all") == pairs
+    assert train != pairs[:35]  # shuffled, not the first 70 %
+
+
+def test_evaluate_on_the_held_out_split(data):
+    model, tokenizer = tiny.build("BertForMaskedLM")
+    result = blimp.evaluate_blimp(model, tokenizer, ["ana"], ["l2norm"], data=data, split="dev", progress=False)
+    held_out = blimp.split_pairs(_pairs("ana"), "dev")
+    assert result["coverage"]["ana"]["split"] == "dev" and result["settings"]["split"] == "dev"
+    assert result["coverage"]["ana"]["sampled"] == len(held_out) == 2  # 6 hand-checked ana pairs: 4 train, 2 dev
+    with pytest.raises(InvalidInputError, match="unknown split 'test'"):
+        blimp.evaluate_blimp(model, tokenizer, ["ana"], data=data, split="test", progress=False)
+
+
 def test_cli_writes_every_output(data, tmp_path):
     from normx.cli import main
 

@@ -33,13 +33,14 @@ def test_unknown_and_untrained_presets(tmp_path):
         ghost.load()
 
 
-@pytest.mark.parametrize("name", MINILM)
+@pytest.mark.parametrize("name", [n for n in MINILM if presets.PRESETS[n].task == "sequence-classification"])
 def test_minilm_presets_load_offline_and_explain(name):
     preset = presets.PRESETS[name]
     model, tokenizer = normx.load_model(name)
     assert type(model).__name__.startswith("PeftModel")
     pair = "A man is playing a guitar." if preset.inputs == "pair" else None
-    text = "A man plays the guitar." if pair else "a gripping, beautifully acted film"
+    text = ("Who is playing a guitar?" if name == "minilm-qnli" else "A man plays the guitar." if pair
+            else "a gripping, beautifully acted film")
     e = normx.explain(model, tokenizer, text, text_pair=pair)
     enc = tokenizer(text, pair, return_tensors="pt")
     with torch.no_grad():
@@ -52,8 +53,28 @@ def test_minilm_presets_load_offline_and_explain(name):
     if name == "minilm-sst2":
         assert e.prediction == "positive"
         assert normx.explain(model, tokenizer, "a dull, lifeless and tedious mess").prediction == "negative"
-    if name == "minilm-mnli":
+    if name in ("minilm-mnli", "minilm-qnli"):
         assert e.prediction == "entailment"
+
+
+def test_masked_lm_preset_prefers_the_grammatical_word():
+    """minilm-blimp: at the mask, the head's logit of the agreeing word beats the other, and LogAt at the mask on
+    the last layer is that logit (the head run on the mask token is the model's own output)."""
+    model, tokenizer = normx.load_model("minilm-blimp")
+    assert type(model).__name__.startswith("PeftModel") and type(model.get_base_model()).__name__ == "BertForMaskedLM"
+    cases = [("The cats near the door [MASK] sleeping.", "are", "is"),
+             ("The teacher [MASK] the students.", "likes", "like"),
+             ("Susan revealed [MASK].", "herself", "themselves"),
+             ("Those [MASK] were broken.", "windows", "window")]
+    for text, good, bad in cases:
+        ids = tokenizer.convert_tokens_to_ids([good, bad])
+        e = normx.explain(model, tokenizer, text, method="logat", target=ids)
+        enc = tokenizer(text, return_tensors="pt")
+        at = enc["input_ids"][0].tolist().index(tokenizer.mask_token_id)
+        with torch.no_grad():
+            logits = model(**enc).logits[0, at, ids]
+        torch.testing.assert_close(torch.as_tensor(e.scores[:, -1, at]).float(), logits, atol=1e-4, rtol=1e-4)
+        assert logits[0] > logits[1], (text, good, bad)
 
 
 @pytest.mark.slow

@@ -47,8 +47,10 @@ METRICS = {"dp": "Dot Product", "ap": "Average Precision"}
 DEFAULT_METHODS = ("logat", "normxlogit", "l2norm", "random")
 DECOMPOSITION = ("globenc", "alti", "value_zeroing", "decompx")  # added to the defaults when registered
 LABELS = {"logat_target": "LogAt(target)", "logat_foil": "LogAt(foil)", "normxlogit": "NormXLogit",
-          "l2norm": "ℓ2 norm", "random": "random"}
+          "l2norm": "ℓ2 norm", "random": "random", "globenc": "GlobEnc", "alti": "ALTI",
+          "value_zeroing": "Value Zeroing", "decompx": "DecompX"}
 SETTINGS = {"masked_lm": "masked", "causal_lm": "causal"}
+SPLITS = ("all", "train", "dev")
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,14 @@ class Item:
     target_id: int
     foil_id: int
     evidence_spans: tuple[tuple[int, int], ...]  # character spans in ``text``
+
+
+def split_pairs(pairs: Sequence[ev.Pair], split: str) -> list[ev.Pair]:
+    """``"all"`` the pairs, or their seeded training part (``"train"``, 70 %) or the disjoint rest (``"dev"``), as
+    :func:`normx.data.held_out_split` cuts MNLI and QNLI."""
+    from ..data import held_out_split
+
+    return list(pairs) if split == "all" else held_out_split(list(pairs), split)
 
 
 # ---- preparing pairs for a model ---------------------------------------------------------------------------------
@@ -193,11 +203,13 @@ def _explain_batch(model, tokenizer, method, items: list[Item], seed: int) -> di
 
 
 def evaluate_blimp(model, tokenizer, paradigms: Sequence[str] = ev.DEFAULT_PARADIGMS,
-                   methods: Sequence[str] | None = None, *, data=None, limit: int | None = None, seed: int = 0,
-                   batch_size: int = 16, progress: bool = True) -> dict:
+                   methods: Sequence[str] | None = None, *, data=None, split: str = "all",
+                   limit: int | None = None, seed: int = 0, batch_size: int = 16, progress: bool = True) -> dict:
     """Run the evidence-alignment experiment; returns a JSON-ready dict (see :func:`write_outputs`).
 
-    ``limit``: at most this many covered pairs per paradigm, a sample drawn with ``seed`` (kept in file order).
+    ``split``: ``"all"`` covered pairs, or the seeded ``"train"`` / held-out ``"dev"`` part of each paradigm
+    (:func:`split_pairs`; a model fine-tuned on BLiMP, like the ``minilm-blimp`` preset, is evaluated on ``"dev"``).
+    ``limit``: at most this many of those pairs per paradigm, a sample drawn with ``seed`` (kept in file order).
     """
     from tqdm.auto import tqdm
 
@@ -215,6 +227,8 @@ def evaluate_blimp(model, tokenizer, paradigms: Sequence[str] = ev.DEFAULT_PARAD
         raise InvalidInputError(f"limit must be a positive integer or None, got {limit!r}")
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
         raise InvalidInputError(f"batch_size must be a positive integer, got {batch_size!r}")
+    if split not in SPLITS:
+        raise InvalidInputError(f"unknown split {split!r}; use one of {', '.join(SPLITS)}")
     chosen = [ev.get_paradigm(p) for p in dict.fromkeys(paradigms)]
     if not chosen:
         raise InvalidInputError(f"no paradigms given; choose from {', '.join(ev.PARADIGMS)}")
@@ -230,7 +244,7 @@ def evaluate_blimp(model, tokenizer, paradigms: Sequence[str] = ev.DEFAULT_PARAD
     for paradigm in chosen:
         started = time.perf_counter()
         extraction = ev.extract(ev.load_rows(paradigm, data), paradigm)
-        sampled = extraction.pairs
+        sampled = split_pairs(extraction.pairs, split)
         if limit is not None and limit < len(sampled):
             keep = sorted(random.Random(f"{seed}:{paradigm.key}").sample(range(len(sampled)), limit))
             sampled = [sampled[i] for i in keep]
@@ -245,7 +259,8 @@ def evaluate_blimp(model, tokenizer, paradigms: Sequence[str] = ev.DEFAULT_PARAD
         coverage[paradigm.key] = {
             "uid": paradigm.uid, "evidence": paradigm.evidence, "pairs": extraction.total,
             "covered_by_rules": len(extraction.pairs), "not_covered": dict(extraction.skipped),
-            "not_covered_examples": extraction.examples, "sampled": len(sampled), "evaluated": len(items) - missing,
+            "not_covered_examples": extraction.examples, "split": split, "sampled": len(sampled),
+            "evaluated": len(items) - missing,
             "skipped_for_model": dict(skipped), "skipped_examples": examples}
         values[paradigm.key] = per_curve
         timings[paradigm.key] = round(time.perf_counter() - started, 2)
@@ -255,7 +270,7 @@ def evaluate_blimp(model, tokenizer, paradigms: Sequence[str] = ev.DEFAULT_PARAD
         "model": type(base).__name__, "setting": SETTINGS[adapter.kind], "layers": layers,
         "paradigms": [p.key for p in chosen], "methods": status, "coverage": coverage, "curves": curves,
         "summary": _summarise(curves, layers),
-        "settings": {"limit": limit, "seed": seed, "batch_size": batch_size, "seconds": timings,
+        "settings": {"split": split, "limit": limit, "seed": seed, "batch_size": batch_size, "seconds": timings,
                      "dtype": str(next(base.parameters()).dtype).replace("torch.", ""),
                      "device": str(next(base.parameters()).device)},
     }
@@ -366,7 +381,7 @@ def write_outputs(result: dict, out: str | Path, plots: bool = True) -> list[Pat
     _write_rows(written[2], result["summary"])
     _write_rows(written[3], [
         {"paradigm": key, "uid": c["uid"], "pairs": c["pairs"], "covered_by_rules": c["covered_by_rules"],
-         "sampled": c["sampled"], "evaluated": c["evaluated"],
+         "split": c["split"], "sampled": c["sampled"], "evaluated": c["evaluated"],
          "skipped_for_model": "; ".join(f"{k}: {v}" for k, v in c["skipped_for_model"].items())}
         for key, c in result["coverage"].items()])
     if plots:
@@ -442,6 +457,9 @@ def add_parser(subparsers):
                                             "baselines")
     parser.add_argument("--data", default=None, help="data folder holding blimp/ (default: $NORMX_DATA, else the "
                                                      "hub when online)")
+    parser.add_argument("--split", choices=SPLITS, default="all",
+                        help="which pairs of each paradigm: all, or the seeded 70%% train part / the held-out 30%% "
+                             "dev part (evaluate a model fine-tuned on BLiMP, e.g. minilm-blimp, on dev)")
     parser.add_argument("--limit", type=int, default=None, help="at most N covered pairs per paradigm (a seeded "
                                                                  "sample); default: all")
     parser.add_argument("--seed", type=int, default=0, help="seed of the --limit sample and of `random`")
@@ -458,8 +476,9 @@ def _run(args) -> int:
 
     model, tokenizer = normx.load_model(args.model)
     paradigms = names(args.paradigms) or list(ev.DEFAULT_PARADIGMS)
-    result = evaluate_blimp(model, tokenizer, paradigms, names(args.methods), data=args.data, limit=args.limit,
-                            seed=args.seed, batch_size=args.batch_size, progress=not args.no_progress)
+    result = evaluate_blimp(model, tokenizer, paradigms, names(args.methods), data=args.data, split=args.split,
+                            limit=args.limit, seed=args.seed, batch_size=args.batch_size,
+                            progress=not args.no_progress)
     result["settings"]["model"] = args.model
     for file in write_outputs(result, args.out, plots=not args.no_plots):
         print(file)
