@@ -53,13 +53,12 @@ def loss(model, tokenizer, chunk: Sequence[blimp.Item], max_length: int, device)
 
 
 @torch.no_grad()
-def accuracy(model, tokenizer, chunk_items: Sequence[blimp.Item], batch_size: int = 64, max_length: int = 128
-             ) -> float:
-    """The share of items whose target logit beats the foil's at the mask."""
+def accuracy(model, tokenizer, data: Sequence[blimp.Item], batch_size: int = 64, max_length: int = 128) -> float:
+    """The share of ``data``'s items whose target logit beats the foil's at the mask."""
     model.eval()
     device = next(model.parameters()).device
     right = []
-    for start in range(0, len(chunk_items), batch_size):
-        pair = contrast_logits(model, tokenizer, chunk_items[start:start + batch_size], max_length, device)
+    for start in range(0, len(data), batch_size):
+        pair = contrast_logits(model, tokenizer, data[start:start + batch_size], max_length, device)
         right.append((pair[:, 0] > pair[:, 1]).cpu().numpy())
     return float(np.concatenate(right).mean()) if right else float("nan")

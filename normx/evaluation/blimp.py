@@ -38,6 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..data import held_out_split
 from ..errors import InvalidInputError, NormxError
 from . import evidence as ev
 from .alignment import average_precision, dot_product
@@ -67,8 +68,6 @@ class Item:
 def split_pairs(pairs: Sequence[ev.Pair], split: str) -> list[ev.Pair]:
     """``"all"`` the pairs, or their seeded training part (``"train"``, 70 %) or the disjoint rest (``"dev"``), as
     :func:`normx.data.held_out_split` cuts MNLI and QNLI."""
-    from ..data import held_out_split
-
     return list(pairs) if split == "all" else held_out_split(list(pairs), split)
 
 
