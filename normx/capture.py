@@ -9,12 +9,14 @@ whether the body succeeded or raised. On a clean exit every hooked module must h
 - :func:`record_calls`: record each module's positional and keyword inputs and its output;
 - :func:`replace_outputs`: replace a module's output while active (e.g. Value Zeroing's zeroed value vectors).
 
-Model-wide settings that a method switches for one pass (:func:`eval_mode`, :func:`frozen_parameters`,
-:func:`eager_attention`) are context managers here too, restored in ``finally``.
+Hooks are **thread-scoped**: each acts only in the thread that entered the ``with`` block, so threads sharing one
+model capture only their own forward passes (another thread's pass through a hooked module runs the hook as a
+no-op). Model-wide switches (eval mode, eager attention) are in :mod:`normx.sharing`.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -44,14 +46,20 @@ def output_tensor(output) -> torch.Tensor:
 
 @contextmanager
 def hooked(modules: Mapping[str, nn.Module], on_call: OnCall) -> Iterator[None]:
-    """Call ``on_call(key, args, kwargs, output)`` after each run of each named module during the ``with`` body; a
-    value it returns (not None) replaces the module's output. All hooks are removed on exit; on a clean exit a
-    module that never ran raises :class:`HookNotFiredError`."""
+    """Call ``on_call(key, args, kwargs, output)`` after each run of each named module *in this thread* during the
+    ``with`` body; a value it returns (not None) replaces the module's output. All hooks are removed on exit; on a
+    clean exit a module that never ran (in this thread) raises :class:`HookNotFiredError`."""
     fired: set[str] = set()
     handles = []
+    owner = threading.get_ident()
 
     def make_hook(key: str):
-        def hook(_module, args, kwargs, output):
+        def hook(_module, args, *rest):
+            # (module, args, kwargs, output); a pass in another thread that took its hook list just before this
+            # hook was removed may call it without kwargs, as (module, args, output): it is not ours either way
+            if threading.get_ident() != owner:
+                return None
+            kwargs, output = rest
             fired.add(key)
             return on_call(key, args, kwargs, output)
 
@@ -120,49 +128,3 @@ def replace_outputs(module: nn.Module, replace: Callable[[Any], Any]) -> Iterato
     """While active, ``module``'s output is ``replace(output)``."""
     with hooked({"module": module}, lambda _key, _args, _kwargs, output: replace(output)):
         yield
-
-
-@contextmanager
-def eval_mode(model: nn.Module) -> Iterator[None]:
-    """Dropout off for the duration; the model's train/eval flags are restored afterwards."""
-    training = [module for module in model.modules() if module.training]
-    if training:  # (setting every module's flag costs ~ms on big models: only when something is training)
-        model.eval()
-    try:
-        yield
-    finally:
-        for module in training:
-            module.training = True
-
-
-@contextmanager
-def frozen_parameters(model: nn.Module | None) -> Iterator[None]:
-    """``requires_grad`` off on every parameter of ``model`` for the duration (restored in ``finally``), so a
-    forward pass run inside builds no autograd graph towards the weights: gradients with respect to the inputs
-    then cost less time and memory. ``None`` does nothing."""
-    trainable = [] if model is None else [p for p in model.parameters() if p.requires_grad]
-    try:
-        for parameter in trainable:
-            parameter.requires_grad_(False)
-        yield
-    finally:
-        for parameter in trainable:
-            parameter.requires_grad_(True)
-
-
-@contextmanager
-def eager_attention(model: nn.Module) -> Iterator[None]:
-    """Run ``model`` with eager attention (which returns attention probabilities); its setting is restored after."""
-    configs = {}
-    for module in model.modules():
-        config = getattr(module, "config", None)
-        if config is not None and hasattr(config, "_attn_implementation_internal"):
-            configs[id(config)] = config
-    saved = {key: config._attn_implementation_internal for key, config in configs.items()}
-    try:
-        for config in configs.values():
-            config._attn_implementation_internal = "eager"
-        yield
-    finally:
-        for key, config in configs.items():
-            config._attn_implementation_internal = saved[key]

@@ -67,9 +67,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from .adapters import Adapter, active_module, get_adapter, unwrap_model
-from .capture import eager_attention, eval_mode, record_calls
+from .capture import record_calls
 from .errors import InvalidInputError, LayerOutOfRangeError, UnsupportedModelError
 from .methods import Context, Method, register_method
+from .sharing import attention_weights, pause, using
 
 BIAS_RULES = ("absdot", "norm", "equal")
 CHUNK_ELEMENTS = 2**24  # float32 values per chunk temporary (64 MiB)
@@ -273,7 +274,7 @@ def record(model: nn.Module, inputs: dict[str, torch.Tensor]) -> Recording:
         inputs_of[f"ln1_{i}"] = block.attention.output.LayerNorm
         inputs_of[f"ln2_{i}"] = block.output.LayerNorm
     modules = {**{key: module for key, (module, _) in outputs.items()}, **inputs_of}
-    with eval_mode(base), eager_attention(base), torch.no_grad(), record_calls(modules) as calls:
+    with attention_weights(base), torch.no_grad(), record_calls(modules) as calls:
         base.base_model(**inputs)
     store: dict[str, Any] = {key: pick(calls[key].output) for key, (_, pick) in outputs.items()}
     store.update({key: calls[key].args[0] for key in inputs_of})
@@ -502,7 +503,7 @@ def decompose(model: nn.Module, inputs: dict[str, torch.Tensor], layers: Sequenc
         real = mask if mask is not None else torch.ones_like(inputs["input_ids"])
         positions = torch.arange(real.shape[1], device=real.device)
         pooled = (real * (real.shape[1] - positions)).argmax(-1)
-    with eval_mode(base), torch.no_grad():  # eval mode: no dropout, in LoRA layers' probes either
+    with using(base), torch.no_grad():  # eval mode: no dropout, in LoRA layers' probes either
         weights = [BlockWeights.of(block) for block in blocks]
         rec = record(base, inputs)
         batch, tokens, hidden = rec.embeddings.shape
@@ -511,6 +512,7 @@ def decompose(model: nn.Module, inputs: dict[str, torch.Tensor], layers: Sequenc
         norms = torch.zeros(num_layers + 1, batch, tokens, tokens, device=device) if maps else None
         contributions, outputs = [], []
         for row in range(batch):
+            pause(base)  # let a waiting eager-attention pass of another call run
             keep = rec.mask[row].nonzero().flatten()
             where = (keep == pooled[row]).nonzero().flatten()
             if where.numel() == 0:

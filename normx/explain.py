@@ -9,12 +9,12 @@ import numpy as np
 import torch
 
 from .adapters import Adapter, get_adapter, unwrap_model
-from .capture import eval_mode
 from .errors import InvalidInputError, LayerOutOfRangeError, PairNotSupportedError
 from .forward import Pass
 from .inputs import Encoded, as_text_list, collate, encode, max_input_length
 from .methods import Context, Method, get_method
 from .result import Explanation
+from .sharing import using
 from .targets import LabelSpace
 
 EMBEDDINGS = ("layer", "word")
@@ -74,23 +74,22 @@ def explain(model, tokenizer, texts: str | Sequence[str], method: str = "normxlo
         "label_dependent": plan.method.label_dependent, **plan.options,
     }
     results: list[Explanation] = []
-    with eval_mode(model):
-        for start in range(0, len(encoded), batch_size):
-            items = encoded[start:start + batch_size]
-            inputs = collate(items, pad_id, padding_side, device, position_ids=decoder)
-            out = attribute_batch(plan, inputs)
-            scores = out.scores.cpu().numpy()
-            logits = out.logits
-            diagnostics = {name: value.float().cpu() for name, value in out.diagnostics.items()}
-            mask = inputs["attention_mask"].bool().cpu().numpy()
-            pooled = out.pooled.tolist()
-            columns = out.columns.tolist()
-            for row, item in enumerate(items):
-                keep = np.flatnonzero(mask[row])
-                results.append(_explanation(item, scores[row][:, :, keep], plan.labels, columns[row], plan.layers,
-                                            logits[row], plan.method.name, dict(settings, pooled_index=int(
-                                                pooled[row] - keep[0])),
-                                            {name: value[row].tolist() for name, value in diagnostics.items()}))
+    for start in range(0, len(encoded), batch_size):
+        items = encoded[start:start + batch_size]
+        inputs = collate(items, pad_id, padding_side, device, position_ids=decoder)
+        out = attribute_batch(plan, inputs)
+        scores = out.scores.cpu().numpy()
+        logits = out.logits
+        diagnostics = {name: value.float().cpu() for name, value in out.diagnostics.items()}
+        mask = inputs["attention_mask"].bool().cpu().numpy()
+        pooled = out.pooled.tolist()
+        columns = out.columns.tolist()
+        for row, item in enumerate(items):
+            keep = np.flatnonzero(mask[row])
+            results.append(_explanation(item, scores[row][:, :, keep], plan.labels, columns[row], plan.layers,
+                                        logits[row], plan.method.name, dict(settings, pooled_index=int(
+                                            pooled[row] - keep[0])),
+                                        {name: value[row].tolist() for name, value in diagnostics.items()}))
     return results[0] if single else results
 
 
@@ -160,10 +159,11 @@ def prepare(model, tokenizer, method: str = "normxlogit", target=None, layer=Non
 def attribute_batch(plan: Plan, inputs: dict[str, torch.Tensor]) -> BatchAttribution:
     """One batch of :func:`explain` without the tokenising and the result objects: ``inputs`` as
     :func:`normx.inputs.collate` makes them (``input_ids``, ``attention_mask``, the tokenizer's extra inputs,
-    decoders' ``position_ids``), on the model's device. The model should be in eval mode."""
+    decoders' ``position_ids``), on the model's device. Runs in eval mode, holding the model shared
+    (:func:`normx.sharing.using`): safe to call from several threads on one model."""
     ids = inputs["input_ids"]
     foil = None if plan.foil_column is None else torch.full(ids.shape[:1], plan.foil_column, device=ids.device)
-    with torch.no_grad():
+    with using(plan.model), torch.no_grad():
         run = Pass(plan.base, plan.adapter, inputs, plan.layers, plan.embedding, mask_token_id=plan.mask_token_id)
         if plan.method.predicts:  # its own forward pass makes the prediction (ctx.predict)
             ctx = Context(run.locate(), plan.labels, None, foil, options=plan.options,

@@ -31,9 +31,10 @@ import numpy as np
 import torch
 
 from .adapters import Adapter
-from .capture import frozen_parameters, output_tensor
+from .capture import output_tensor
 from .errors import InvalidInputError
 from .methods import Context, Method, register_method
+from .sharing import pause
 
 AGGREGATIONS = ("l1", "l2", "sum")
 BASELINES = ("zero", "pad")
@@ -131,27 +132,23 @@ def select(out: torch.Tensor, columns: torch.Tensor, foil: torch.Tensor | None =
 
 # ---- gradients and Integrated Gradients ---------------------------------------------------------------------------
 
-def _target_gradients(forward, embeds: torch.Tensor, model: torch.nn.Module | None = None
-                      ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+def _target_gradients(forward, embeds: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """One forward pass on ``embeds`` (made a leaf), one backward pass per target: (outputs [N, K], K x [N, T, H]).
 
-    The forward pass runs with ``model``'s parameters frozen (default: a :class:`HeadForward`'s model): only the
-    inputs' gradients are read, so autograd need not record the path to the weights (a small saving: IG on MiniLM
-    on CPU measured 0.4-3% faster with it, within run-to-run noise)."""
-    if model is None and isinstance(forward, HeadForward):
-        model = forward.model
+    Only the inputs' gradients are taken (``torch.autograd.grad``): the parameters' ``requires_grad`` and ``.grad``
+    stay as they are, so a model shared with other threads is not changed. (Freezing the parameters for the pass
+    saved 0.4-3% on IG on CPU, within run-to-run noise: not worth a change other callers could see.)"""
     with torch.enable_grad():
         leaf = embeds.detach().requires_grad_(True)
-        with frozen_parameters(model):
-            out = forward(leaf)
+        out = forward(leaf)
         k = out.shape[1]
         grads = [torch.autograd.grad(out[:, j].sum(), leaf, retain_graph=j < k - 1)[0] for j in range(k)]
     return out.detach(), grads
 
 
-def gradients(forward, embeds: torch.Tensor, model: torch.nn.Module | None = None) -> torch.Tensor:
-    """d f_k / d embeds for every target k: [K, B, T, H] float32 (``model``: as in :func:`_target_gradients`)."""
-    return torch.stack([g.float() for g in _target_gradients(forward, embeds, model)[1]])
+def gradients(forward, embeds: torch.Tensor) -> torch.Tensor:
+    """d f_k / d embeds for every target k: [K, B, T, H] float32."""
+    return torch.stack([g.float() for g in _target_gradients(forward, embeds)[1]])
 
 
 def rule_parameters(rule: str, n_steps: int) -> tuple[list[float], list[float]]:
@@ -192,6 +189,8 @@ def integrated_gradients(forward, embeds: torch.Tensor, baseline: torch.Tensor, 
         weight = torch.tensor(sizes[start:start + per_pass], dtype=torch.float32, device=embeds.device)
         steps = alpha.shape[0]
         scaled = (start_point + alpha.view(-1, 1, 1, 1) * diff).to(embeds.dtype)
+        if isinstance(forward, HeadForward):  # between two passes: let a waiting exclusive pass of another call run
+            pause(forward.model)
         _, grads = _target_gradients(forward, scaled.reshape(steps * batch, *embeds.shape[1:]))
         # sum over the steps of step size x gradient, per target: [K, B, T, H]
         chunk = torch.stack([torch.tensordot(weight, g.reshape(steps, *embeds.shape).float(), dims=1) for g in grads])
@@ -246,7 +245,7 @@ def predict_and_differentiate(ctx: Context) -> tuple[torch.Tensor, torch.Tensor]
         logits = pooled_head(run.model, run.adapter, others, run.pooled, leaf)  # [B, C] or the whole vocabulary
         return select(logits, ctx.predict(logits), ctx.foil)
 
-    return embeds, gradients(predicted_targets, embeds, run.model)
+    return embeds, gradients(predicted_targets, embeds)
 
 
 def _gradient_norm(ctx: Context) -> torch.Tensor:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .errors import EmptyTextError, InputTooLongError, InvalidInputError
+from .sharing import tokenizer_lock
 
 TRUNCATION_MODES = ("warn", "error")
 _HUGE = 10**6  # tokenizers without a real limit report model_max_length as a huge sentinel
@@ -73,7 +74,9 @@ def encode(tokenizer, texts: list[str], pairs: list[str] | None, max_length: int
             if n not in ("input_ids", "attention_mask")]
     kwargs = dict(return_offsets_mapping=True, return_special_tokens_mask=True, add_special_tokens=True)
     # one call for all texts (the tokenizer's batch path); an over-long text is encoded again, truncated
-    batch = tokenizer(texts, pairs, truncation=False, **kwargs)
+    lock = tokenizer_lock(tokenizer)  # a fast tokenizer's truncation setting is state of the shared object
+    with lock:
+        batch = tokenizer(texts, pairs, truncation=False, **kwargs)
     out = []
     for i, text in enumerate(texts):
         pair = pairs[i] if pairs is not None else None
@@ -84,9 +87,10 @@ def encode(tokenizer, texts: list[str], pairs: list[str] | None, max_length: int
             what = f"input {i} has {n} tokens, more than the model's {max_length}"
             if truncation == "error":
                 raise InputTooLongError(f"{what}; shorten it, or pass truncation='warn' to truncate it")
-            enc = tokenizer([text], None if pair is None else [pair],
-                            truncation="longest_first" if pair is not None else True, max_length=max_length,
-                            **kwargs)
+            with lock:
+                enc = tokenizer([text], None if pair is None else [pair],
+                                truncation="longest_first" if pair is not None else True, max_length=max_length,
+                                **kwargs)
             index = 0
             warnings.append(f"{what}: truncated to {max_length} tokens")
         ids = list(enc["input_ids"][index])

@@ -47,10 +47,11 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from .adapters import active_module, get_adapter, unwrap_model
-from .capture import Call, eager_attention, eval_mode, output_tensor, record_calls, replace_outputs
+from .capture import Call, output_tensor, record_calls, replace_outputs
 from .errors import InvalidInputError, UnsupportedModelError
 from .inputs import as_text_list, collate, encode, max_input_length
 from .methods import Context, Method, register_method
+from .sharing import attention_weights, pause, using
 
 MIXING_METHODS = ("globenc", "alti", "value_zeroing")
 DEFAULT_INTERNAL_BATCH_SIZE = 64  # value-zeroing variants per block pass
@@ -156,7 +157,7 @@ def record_blocks(model: nn.Module, inputs: dict[str, torch.Tensor], layers: Seq
         if decompose:
             for name in ("attention", "value", "ln1", "ln2"):
                 modules[f"{layer}.{name}"] = parts[layer][name]
-    with (eager_attention(base) if decompose else nullcontext()), record_calls(modules) as store:
+    with (attention_weights(base) if decompose else nullcontext()), record_calls(modules) as store:
         base.base_model(**inputs)
     records = {}
     for layer in layers:
@@ -352,6 +353,7 @@ def batch_maps(model: nn.Module, inputs: dict[str, torch.Tensor], method: str, l
             total = int(mask.sum().item()) * len(needed)
             with tqdm(total=total, desc="value zeroing", unit="variant", leave=False, disable=None) as bar:
                 for layer in needed:
+                    pause(base)  # between two blocks' passes: let a waiting exclusive pass of another call run
                     local[layer] = _normalise(value_zeroing_layer(records[layer], mask, internal_batch_size, bar))
         else:
             for layer in needed:
@@ -410,16 +412,16 @@ def contribution_maps(model, tokenizer, texts: str | Sequence[str], method: str 
     pad = next(v for v in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0) if v is not None)
     device = next(base.parameters()).device
     out = []
-    with eval_mode(model), torch.no_grad():
-        for start in range(0, len(encoded), batch_size):
-            items = encoded[start:start + batch_size]
-            inputs = collate(items, int(pad), "right", device, position_ids=False)
+    for start in range(0, len(encoded), batch_size):
+        items = encoded[start:start + batch_size]
+        inputs = collate(items, int(pad), "right", device, position_ids=False)
+        with using(model), torch.no_grad():
             maps = batch_maps(base, inputs, method, list(range(num_layers + 1)), rollout, internal_batch_size)
-            stacked = torch.stack([maps[layer] for layer in range(num_layers + 1)], 1).cpu().numpy()
-            for row, item in enumerate(items):
-                n = len(item.ids)
-                out.append(ContributionMaps(item.text, item.text_pair, item.tokens, stacked[row, :, :n, :n],
-                                            method, rollout))
+        stacked = torch.stack([maps[layer] for layer in range(num_layers + 1)], 1).cpu().numpy()
+        for row, item in enumerate(items):
+            n = len(item.ids)
+            out.append(ContributionMaps(item.text, item.text_pair, item.tokens, stacked[row, :, :n, :n],
+                                        method, rollout))
     return out
 
 

@@ -10,7 +10,8 @@ import transformers
 import normx
 import normx.adapters
 from normx.adapters import Adapter
-from normx.capture import capture, eager_attention, eval_mode, frozen_parameters, record_calls, replace_outputs
+from normx.capture import capture, record_calls, replace_outputs
+from normx.sharing import attention_weights, model_lock, using
 from normx.errors import HookNotFiredError, UnknownTargetError
 
 # fresh models: the transformers `output_hidden_states` machinery installs its own (permanent) hooks on models that
@@ -40,7 +41,7 @@ def text(case_id: str, tokenizer) -> str:
     return tiny.texts_for(tiny.CASE_BY_ID[case_id], tokenizer)[0]
 
 
-# ---- record_calls(), replace_outputs(), eager_attention() -------------------------------------------------------
+# ---- record_calls(), replace_outputs(), attention_weights() ---------------------------------------------------
 
 def test_record_calls_and_replace_outputs_remove_their_hooks():
     model, tokenizer = fresh()
@@ -67,44 +68,34 @@ def test_record_calls_and_replace_outputs_remove_their_hooks():
         pass
 
 
-def test_eager_attention_is_restored_after_errors():
+def test_attention_weights_is_restored_after_errors():
     model, _ = fresh()
+    model.train()
     before = model.config._attn_implementation
-    with pytest.raises(RuntimeError, match="boom"), eager_attention(model):
+    with pytest.raises(RuntimeError, match="boom"), attention_weights(model):
         assert model.config._attn_implementation == "eager"
+        assert not any(module.training for module in model.modules())
+        assert model_lock(model).held_by_this_thread == "exclusive"
         raise RuntimeError("boom")
     assert model.config._attn_implementation == before
+    assert all(module.training for module in model.modules())
+    assert model_lock(model).held_by_this_thread is None
 
 
-def test_eval_mode_restores_training_flags_after_errors():
+def test_using_restores_training_flags_after_errors():
     model, _ = fresh()
     model.train()
     model.classifier.eval()  # a mixed state must come back exactly
     before = {name: module.training for name, module in model.named_modules()}
-    with pytest.raises(RuntimeError, match="boom"), eval_mode(model):
+    with pytest.raises(RuntimeError, match="boom"), using(model):
         assert not any(module.training for module in model.modules())
+        assert model_lock(model).held_by_this_thread == "exclusive"  # nobody else sees it switched
         raise RuntimeError("boom")
     assert {name: module.training for name, module in model.named_modules()} == before
-
-
-def test_frozen_parameters_are_restored_after_success_and_errors():
-    model, tokenizer = fresh()
-    model.classifier.weight.requires_grad_(False)  # frozen before: stays frozen
-    before = {name: p.requires_grad for name, p in model.named_parameters()}
-    enc = inputs(tokenizer)
-    embeds = model.get_input_embeddings()(enc["input_ids"]).detach().requires_grad_(True)
-    with frozen_parameters(model):
-        assert not any(p.requires_grad for p in model.parameters())
-        out = model(inputs_embeds=embeds, attention_mask=enc["attention_mask"]).logits
-    assert {name: p.requires_grad for name, p in model.named_parameters()} == before
-    out[:, 0].sum().backward()  # the graph reaches the inputs, not the weights
-    assert embeds.grad is not None and embeds.grad.abs().sum() > 0
-    assert all(p.grad is None for p in model.parameters())
-    with pytest.raises(RuntimeError, match="boom"), frozen_parameters(model):
-        raise RuntimeError("boom")
-    assert {name: p.requires_grad for name, p in model.named_parameters()} == before
-    with frozen_parameters(None):  # nothing to freeze
-        pass
+    model.eval()
+    with using(model):  # an eval-mode model is only held shared
+        assert model_lock(model).held_by_this_thread == "shared"
+    assert model_lock(model).held_by_this_thread is None
 
 
 def test_gradient_methods_leave_requires_grad_as_it_was(monkeypatch):
@@ -114,12 +105,14 @@ def test_gradient_methods_leave_requires_grad_as_it_was(monkeypatch):
     sentence = text("BertForSequenceClassification", tokenizer)
     normx.explain(model, tokenizer, sentence, method="integrated_gradients", n_steps=3)
     assert {name: p.requires_grad for name, p in model.named_parameters()} == before
+    assert all(p.grad is None for p in model.parameters())  # nothing accumulated into the weights
 
     forward = model.classifier.forward
 
     def boom(*args, **kwargs):  # the forward pass with gradients fails
         if torch.is_grad_enabled():
-            assert not model.classifier.bias.requires_grad  # inside the frozen pass
+            # not even inside the pass: another thread using the model would see it
+            assert {name: p.requires_grad for name, p in model.named_parameters()} == before
             raise RuntimeError("boom")
         return forward(*args, **kwargs)
 

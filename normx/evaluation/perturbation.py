@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..capture import eval_mode
+from ..sharing import using
 from ..errors import InvalidInputError
 from ..inputs import collate
 
@@ -180,7 +180,7 @@ class Perturber:
             if key not in self.cache and key not in todo:
                 todo[key] = item
         if todo:
-            with eval_mode(self.model):
+            with using(self.model):
                 new = forward_logits(self.model, list(todo.values()), pad_id=self.pad_id,
                                      padding_side=self.padding_side, position_ids=self.position_ids,
                                      batch_size=self.batch_size, progress=self.progress, desc=desc)

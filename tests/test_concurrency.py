@@ -1,0 +1,192 @@
+"""One model shared by many threads: every result equals the same call made alone, and the model is left as it was.
+
+Threads run mixed methods (hooks, eager-attention passes, gradient passes, value-zeroing output replacement) and
+mixed lengths (one over the model's length, so the tokenizer's truncation state is exercised) on one encoder and
+one decoder model. The switch interval is made tiny so that threads interleave inside every forward pass.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import tiny
+import torch
+
+import normx
+from normx.capture import capture
+from normx.sharing import ModelLock, model_lock
+
+LONG = " ".join(["the film was a gripping story and"] * 12)  # over the tiny models' 64 positions: truncated
+TEXTS = ["paris is large", "the film was a gripping story", "a dull movie, with a predictable plot", LONG]
+
+ENCODER_METHODS = {
+    "normxlogit": {"layer": "all"}, "logat": {"target": "all"}, "gradient_x_input": {},
+    "integrated_gradients": {"n_steps": 4, "internal_batch_size": 4}, "decompx": {}, "globenc": {"layer": "all"},
+    "value_zeroing": {"internal_batch_size": 8},
+}
+DECODER_METHODS = {
+    "normxlogit": {"layer": "all"}, "logat": {"target": "all"}, "gradient_x_input": {},
+    "integrated_gradients": {"n_steps": 4, "internal_batch_size": 4},
+}
+CASES = {"BertForSequenceClassification": ENCODER_METHODS, "LlamaForSequenceClassification": DECODER_METHODS}
+
+
+def model_state(model: torch.nn.Module) -> dict:
+    """Everything a call could leave changed: hooks, attention implementation, requires_grad, training flags."""
+    configs = {id(m.config): m.config for m in model.modules() if getattr(m, "config", None) is not None}
+    return {
+        "hooks": {name: (len(m._forward_hooks), len(m._forward_pre_hooks), len(m._backward_hooks))
+                  for name, m in model.named_modules()},
+        "attention": sorted(str(c._attn_implementation) for c in configs.values()),
+        "requires_grad": {name: p.requires_grad for name, p in model.named_parameters()},
+        "grad": [name for name, p in model.named_parameters() if p.grad is not None],
+        "training": {name: m.training for name, m in model.named_modules()},
+    }
+
+
+def jobs(methods: dict) -> list[tuple[str, tuple[str, ...], dict]]:
+    """(method, texts, options): single texts of every length and a mixed-length batch, per method."""
+    out = []
+    for method, options in methods.items():
+        for text in TEXTS:
+            out.append((method, (text,), options))
+        out.append((method, tuple(TEXTS), options))
+    return out
+
+
+def run(model, tokenizer, job) -> list[normx.Explanation]:
+    method, texts, options = job
+    return normx.explain(model, tokenizer, list(texts), method=method, **options)
+
+
+def same(a: list[normx.Explanation], b: list[normx.Explanation]) -> bool:
+    return all(x.tokens == y.tokens and x.prediction == y.prediction and x.labels == y.labels
+               and np.allclose(x.scores, y.scores, rtol=1e-5, atol=1e-6) for x, y in zip(a, b))
+
+
+@pytest.fixture
+def interleaved():
+    """Threads switch every microsecond: every forward pass of one thread is interrupted by the others."""
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(before)
+
+
+@pytest.mark.parametrize("case_id", list(CASES))
+def test_threads_get_what_they_would_get_alone(case_id, interleaved):
+    model, tokenizer = tiny.build(case_id, fresh=True)
+    work = jobs(CASES[case_id])
+    alone = {i: run(model, tokenizer, job) for i, job in enumerate(work)}
+    before = model_state(model)
+
+    order = [i for i in alone for _ in range(3)]
+    random.Random(0).shuffle(order)
+    start = threading.Barrier(8)
+
+    def worker(chunk):
+        start.wait()
+        return [(i, run(model, tokenizer, work[i])) for i in chunk]
+
+    chunks = [order[k::8] for k in range(8)]
+    with ThreadPoolExecutor(8) as pool:
+        results = [r for chunk in pool.map(worker, chunks) for r in chunk]
+    assert len(results) == len(order)
+    wrong = [work[i][0] + f" x{len(work[i][1])}" for i, got in results if not same(got, alone[i])]
+    assert not wrong, f"{len(wrong)} of {len(results)} concurrent results differ from the call alone: {wrong}"
+    assert model_state(model) == before
+    assert model_lock(model).held_by_this_thread is None
+
+
+def test_a_model_in_training_mode_is_explained_in_eval_mode_by_every_thread(interleaved):
+    model, tokenizer = tiny.build("BertForSequenceClassification", fresh=True)
+    work = [job for job in jobs(ENCODER_METHODS) if job[0] in ("normxlogit", "gradient_x_input", "globenc")]
+    reference = [run(model, tokenizer, job) for job in work]  # eval mode
+    model.train()
+    before = model_state(model)
+    with ThreadPoolExecutor(6) as pool:
+        got = list(pool.map(lambda job: run(model, tokenizer, job), work * 2))
+    assert all(same(g, r) for g, r in zip(got, reference * 2)), "dropout was on in some pass"
+    assert model_state(model) == before  # back in training mode, everywhere
+
+
+def test_hooks_of_one_thread_do_not_see_another_threads_passes():
+    model, tokenizer = tiny.build("BertForSequenceClassification", fresh=True)
+    enc = tokenizer(["paris is large"], return_tensors="pt")
+    seen = []
+    other_ran = threading.Event()
+
+    def other():
+        with torch.no_grad():
+            model(**enc)
+        other_ran.set()
+
+    with capture({"last": model.bert.encoder.layer[-1]}) as store:
+        thread = threading.Thread(target=other)
+        thread.start()
+        thread.join()
+        assert other_ran.is_set()
+        seen.append(dict(store))
+        with torch.no_grad():
+            model(**enc)
+    assert seen == [{}]  # the other thread's pass went through the hooked module but was not captured
+    assert set(store) == {"last"}
+
+
+def test_model_lock_is_exclusive_and_prefers_writers():
+    lock = ModelLock()
+    events = []
+    reader_in = threading.Event()
+    release_reader = threading.Event()
+
+    def reader(name, hold=None):
+        with lock.shared():
+            events.append(f"{name} in")
+            if hold is not None:
+                reader_in.set()
+                hold.wait(5)
+            events.append(f"{name} out")
+
+    def writer():
+        with lock.exclusive():
+            events.append("writer in")
+            events.append("writer out")
+
+    first = threading.Thread(target=reader, args=("r1", release_reader))
+    first.start()
+    assert reader_in.wait(5)
+    w = threading.Thread(target=writer)
+    w.start()
+    while not lock._writers_waiting:  # the writer is queued behind r1
+        threading.Event().wait(0.001)
+    late = threading.Thread(target=reader, args=("r2",))
+    late.start()  # must wait behind the writer
+    threading.Event().wait(0.05)
+    assert events == ["r1 in"]
+    release_reader.set()
+    for t in (first, w, late):
+        t.join(5)
+    assert events == ["r1 in", "r1 out", "writer in", "writer out", "r2 in", "r2 out"]
+
+
+def test_model_lock_nests_and_upgrades_within_a_thread():
+    lock = ModelLock()
+    with lock.shared():
+        with lock.shared():
+            assert lock.held_by_this_thread == "shared"
+        with lock.exclusive():  # a shared hold is given up while exclusive
+            assert lock.held_by_this_thread == "exclusive" and lock._readers == 0
+            with lock.shared():
+                assert lock.held_by_this_thread == "exclusive"
+        assert lock.held_by_this_thread == "shared" and lock._readers == 1
+    assert lock.held_by_this_thread is None and lock._readers == 0 and lock._writer is None
+    with pytest.raises(RuntimeError, match="boom"), lock.exclusive():
+        raise RuntimeError("boom")
+    assert lock._writer is None  # released on errors
