@@ -127,8 +127,7 @@ class ModelLock:
     def pause(self) -> None:
         """Between two forward passes of a long stretch of shared work: if a writer waits, let it run first
         (the shared hold is given up and taken back). Does nothing for an exclusive hold or when no writer waits."""
-        mode, depth = self._hold()
-        if mode != _SHARED or not self._writers_waiting:
+        if self._hold()[0] != _SHARED or not self._writers_waiting:
             return
         self._release_shared()
         self._acquire_shared()

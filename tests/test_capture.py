@@ -11,8 +11,8 @@ import normx
 import normx.adapters
 from normx.adapters import Adapter
 from normx.capture import capture, record_calls, replace_outputs
-from normx.sharing import attention_weights, model_lock, using
 from normx.errors import HookNotFiredError, UnknownTargetError
+from normx.sharing import attention_weights, model_lock, using
 
 # fresh models: the transformers `output_hidden_states` machinery installs its own (permanent) hooks on models that
 # used it, so these tests never share models with the reference tests

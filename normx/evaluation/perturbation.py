@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..sharing import using
 from ..errors import InvalidInputError
 from ..inputs import collate
+from ..sharing import using
 
 K_VALUES = tuple(i / 10 for i in range(11))  # 0.0, 0.1, ..., 1.0: the same floats as the authors' literals
 MODES = ("comprehensiveness", "sufficiency")
