@@ -39,6 +39,10 @@ except ImportError:  # a source checkout run as `python demo/app.py` without `pi
 import gradio as gr
 import numpy as np
 
+from normx.adapters import unwrap_model
+from normx.budget import WorkGate, estimate_gflop
+from normx.inputs import check_text, count_tokens
+
 log = logging.getLogger("normx.demo")
 
 MAX_CHARS = 2000  # per text box
@@ -49,6 +53,10 @@ DEFAULT_CONTINUATION = 3
 DEFAULT_MODEL = "minilm-sst2"
 DEFAULT_COMPARE = ("normxlogit", "logat", "gradient_x_input")
 LOCKED_ENV = "NORMX_DEMO_LOCKED"  # "1": locked mode (only the allow-list loads); also on when $SPACE_ID is set
+BUDGET_ENV = "NORMX_DEMO_BUDGET_GFLOP"  # the work one request may take (normx.budget); default BUDGET_GFLOP
+BUDGET_GFLOP = 1500.0  # ~10 s of work on a 2-core CPU (MiniLM: Value Zeroing on ~220 tokens, IG x50 on ~450)
+CONCURRENCY = 8  # requests served at once; expensive ones (normx.budget.WorkGate) one at a time among them
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
 MODELS_ENV = "NORMX_DEMO_MODELS"  # comma-separated allow-list for locked mode (default: the presets that load)
 VOCABULARY_KINDS = ("causal_lm", "masked_lm")
 
@@ -93,6 +101,38 @@ def is_locked(locked: bool | None = None) -> bool:
     if os.environ.get(LOCKED_ENV) is not None:
         return _truthy(os.environ.get(LOCKED_ENV))
     return bool(os.environ.get("SPACE_ID"))
+
+
+def resolve_locked(locked: bool | None, host: str | None) -> bool:
+    """Whether the demo serves locked: as asked (``--locked`` / ``--unlocked``, $NORMX_DEMO_LOCKED, Spaces); if
+    nothing was asked, unlocked (any folder or hub id loads) only when the server listens on loopback, since an
+    unlocked page lets anyone who reaches it load files of the server's disk."""
+    if locked is None and (os.environ.get(LOCKED_ENV) is not None or os.environ.get("SPACE_ID")):
+        locked = is_locked()
+    address = (host or "127.0.0.1").strip("[]")
+    loopback = address in LOOPBACK or address.startswith("127.")
+    if locked is None:
+        if not loopback:
+            log.warning("serving on %s, not loopback: locked mode (only the allow-list loads); pass --unlocked to "
+                        "let visitors load any local folder or hub id", address)
+        return not loopback
+    if not locked and not loopback:
+        log.warning("UNLOCKED on %s: anyone who reaches this server can make it load any model folder on its disk "
+                    "or any hub id", address)
+    return locked
+
+
+def budget_gflop(value: float | None = None) -> float:
+    """The per-request work budget: ``value``, else $NORMX_DEMO_BUDGET_GFLOP, else :data:`BUDGET_GFLOP`."""
+    if value is None:
+        env = os.environ.get(BUDGET_ENV)
+        try:
+            value = float(env) if env else BUDGET_GFLOP
+        except ValueError:
+            raise normx.InvalidInputError(f"${BUDGET_ENV}={env!r} is not a number of GFLOP") from None
+    if not value > 0:
+        raise normx.InvalidInputError(f"the work budget must be a positive number of GFLOP, got {value!r}")
+    return float(value)
 
 
 def available_presets() -> list[str]:
@@ -342,16 +382,28 @@ def check_inputs(text: str, pair: str | None, tokenizer) -> tuple[str, str | Non
     """The text and pair (``None`` if empty) after the demo's caps; raises :class:`normx.InvalidInputError`."""
     text = text or ""
     pair = (pair or "").strip() or None
-    if not text.strip():
-        raise normx.EmptyTextError("the text is empty: type a sentence to explain")
     for name, value in (("text", text), ("second text", pair)):
         if value is not None and len(value) > MAX_CHARS:
             raise normx.InputTooLongError(f"the {name} has {len(value)} characters; this demo takes at most "
                                           f"{MAX_CHARS} per box")
-    count = len(tokenizer(text, pair)["input_ids"]) if pair is not None else len(tokenizer(text)["input_ids"])
+        if value is not None or name == "text":
+            check_text(value, f"the {name}")
+    count = count_tokens(tokenizer, text, pair)
     if count > MAX_TOKENS:
         raise normx.InputTooLongError(f"the input has {count} tokens; this demo takes at most {MAX_TOKENS}")
     return text, pair
+
+
+def gated(gate: WorkGate | None, model, method: str, tokens: int, fn, *, targets: int = 1, steps: int = 1):
+    """``fn()`` through the work gate: refused with a clear message when over the budget, queued behind other
+    expensive requests when expensive, at once when cheap. ``steps`` explanations of ``tokens`` (+ the steps'
+    tokens) each."""
+    if gate is None:
+        return fn()
+    gflop = estimate_gflop(model, method, tokens + steps - 1, targets=targets, texts=steps)
+    what = f"{method} on {tokens} tokens" + (f" x {steps} steps" if steps > 1 else "") + \
+        (f" for {targets} labels" if targets > 1 else "")
+    return gate.run(gflop, fn, what)
 
 
 def greedy_continuation(model, tokenizer, text: str, method: str = "normxlogit", steps: int = DEFAULT_CONTINUATION,
@@ -377,27 +429,33 @@ def greedy_continuation(model, tokenizer, text: str, method: str = "normxlogit",
 
 
 def explain_request(cache: ModelCache, model_name: str, text: str, pair: str | None = None,
-                    method: str = "normxlogit", steps: int = DEFAULT_CONTINUATION) -> dict:
+                    method: str = "normxlogit", steps: int = DEFAULT_CONTINUATION, gate: WorkGate | None = None
+                    ) -> dict:
     """Everything one request computes, as the state the page keeps: explanations of all layers and labels.
 
     Classifiers: one explanation with ``target="all"`` (every label) and ``layer="all"``. Vocabulary heads
     (causal / masked LM): one explanation per greedy step of the predicted token (masked LM: the mask token).
+    ``gate``: the server's :class:`normx.budget.WorkGate` (None: no budget).
     """
     if method not in normx.list_methods():
         raise normx.UnknownMethodError(f"unknown method {method!r}; available: {', '.join(normx.list_methods())}")
     model, tokenizer = cache.get(model_name)
     text, pair = check_inputs(text, pair, tokenizer)
+    tokens = count_tokens(tokenizer, text, pair)
     kind = normx.get_adapter(model).kind
     layer = layer_spec(method)
     if kind == "causal_lm":
         if pair is not None:
             raise normx.PairNotSupportedError("a causal LM continues one text: clear the second text box")
         steps = min(max(1, int(steps or 1)), MAX_CONTINUATION)
-        runs, continuation = greedy_continuation(model, tokenizer, text, method, steps, layer)
+        runs, continuation = gated(gate, model, method, tokens, lambda: greedy_continuation(
+            model, tokenizer, text, method, steps, layer), steps=steps)
     else:
         target = None if kind in VOCABULARY_KINDS else "all"
-        explanation = normx.explain(model, tokenizer, text, method=method, target=target, layer=layer,
-                                    text_pair=pair, truncation="error")
+        labels = 1 if target is None else max(1, int(getattr(unwrap_model(model).config, "num_labels", 1)))
+        explanation = gated(gate, model, method, tokens, lambda: normx.explain(
+            model, tokenizer, text, method=method, target=target, layer=layer, text_pair=pair, truncation="error"),
+            targets=labels)
         runs, continuation = [(text, explanation)], None
     return {"model": model_name, "method": method, "kind": kind, "pair": pair,
             "prefixes": [p for p, _ in runs], "steps": [e for _, e in runs],
@@ -433,8 +491,8 @@ def default_contrast(explanation: normx.Explanation) -> tuple[str | None, str | 
     return explanation.prediction, others[0]
 
 
-def ensure_contrast(state: dict, cache: ModelCache, step: int, a: str | None,
-                    b: str | None) -> normx.Explanation | None:
+def ensure_contrast(state: dict, cache: ModelCache, step: int, a: str | None, b: str | None,
+                    gate: WorkGate | None = None) -> normx.Explanation | None:
     """An explanation holding labels ``a`` and ``b`` at every layer for ``step``: the step's own for classifiers;
     for vocabulary heads one ``normx.explain(target=[a, b])`` call, kept in the state."""
     if not a or not b or a == b or not state.get("steps"):
@@ -447,12 +505,16 @@ def ensure_contrast(state: dict, cache: ModelCache, step: int, a: str | None,
     key = (step, a, b)
     if key not in state["contrast"]:
         model, tokenizer = cache.get(state["model"])
-        state["contrast"][key] = normx.explain(model, tokenizer, state["prefixes"][step], method=state["method"],
-                                               target=[a, b], layer=layer_spec(state["method"]), truncation="error")
+        prefix = state["prefixes"][step]
+        state["contrast"][key] = gated(
+            gate, model, state["method"], count_tokens(tokenizer, prefix), lambda: normx.explain(
+                model, tokenizer, prefix, method=state["method"], target=[a, b], layer=layer_spec(state["method"]),
+                truncation="error"), targets=2)
     return state["contrast"][key]
 
 
-def compare_request(state: dict, cache: ModelCache, methods: Sequence[str], step: int = 0) -> list[str]:
+def compare_request(state: dict, cache: ModelCache, methods: Sequence[str], step: int = 0,
+                    gate: WorkGate | None = None) -> list[str]:
     """Explain the same input and label (the prediction) with each of ``methods`` (all layers), kept in the state.
 
     Returns the error messages of methods that failed for this model (they are left out; the others show).
@@ -462,6 +524,8 @@ def compare_request(state: dict, cache: ModelCache, methods: Sequence[str], step
     model, tokenizer = cache.get(state["model"])
     done = state["compare"].setdefault(step, {})
     target = None if explanation.settings.get("regression") else explanation.prediction
+    prefix, pair = state["prefixes"][step], state["pair"]
+    tokens = count_tokens(tokenizer, prefix, pair)
     for method in methods:
         if method in done:
             continue
@@ -469,8 +533,9 @@ def compare_request(state: dict, cache: ModelCache, methods: Sequence[str], step
             done[method] = explanation  # already computed: the main request's method
             continue
         try:
-            done[method] = normx.explain(model, tokenizer, state["prefixes"][step], method=method, target=target,
-                                         layer=layer_spec(method), text_pair=state["pair"], truncation="error")
+            done[method] = gated(gate, model, method, tokens, lambda method=method: normx.explain(
+                model, tokenizer, prefix, method=method, target=target, layer=layer_spec(method), text_pair=pair,
+                truncation="error"))
         except normx.NormxError as exc:
             errors.append(f"{method}: {exc}")
     return errors
@@ -526,8 +591,10 @@ def _guard(fn):
 class Demo:
     """The handlers, bound to one model cache. ``build()`` makes the ``gr.Blocks``."""
 
-    def __init__(self, cache: ModelCache, methods: Sequence[str] | None = None, default_model: str = DEFAULT_MODEL):
+    def __init__(self, cache: ModelCache, methods: Sequence[str] | None = None, default_model: str = DEFAULT_MODEL,
+                 gate: WorkGate | None = None):
         self.cache = cache
+        self.gate = gate if gate is not None else WorkGate(budget_gflop())
         self.methods = list(methods if methods is not None else normx.list_methods())
         self.default_model = default_model
 
@@ -546,7 +613,7 @@ class Demo:
         return gr.update(value=f"*{normx.describe_methods().get(method, '')}*")
 
     def explain(self, model_name, text, pair, method, steps, unit, show_special, compare_methods):
-        state = explain_request(self.cache, model_name, text, pair, method, steps)
+        state = explain_request(self.cache, model_name, text, pair, method, steps, self.gate)
         first = state["steps"][0]
         _, tokenizer = self.cache.get(model_name)
         for warning in first.warnings:
@@ -561,7 +628,7 @@ class Demo:
         a, b = default_contrast(first)
         contrast_a, contrast_b = self._contrast_pickers(first, tokenizer, a, b)
         if vocab and a and b:
-            ensure_contrast(state, self.cache, 0, a, b)
+            ensure_contrast(state, self.cache, 0, a, b, self.gate)
         rendered = self.render(state, num_layers, unit, show_special, 0, a, b, compare_methods)
         return [state, slider, step_radio, contrast_a, contrast_b, *rendered]
 
@@ -575,20 +642,20 @@ class Demo:
         explanation = state["steps"][step]
         _, tokenizer = self.cache.get(state["model"])
         a, b = default_contrast(explanation)
-        ensure_contrast(state, self.cache, step, a, b)
+        ensure_contrast(state, self.cache, step, a, b, self.gate)
         contrast_a, contrast_b = self._contrast_pickers(explanation, tokenizer, a, b)
         return [state, contrast_a, contrast_b, *self.render(state, layer, unit, show_special, step, a, b,
                                                             compare_methods)]
 
     def on_contrast(self, state, layer, unit, show_special, step, a, b, compare_methods):
         if state:
-            ensure_contrast(state, self.cache, int(step or 0), a, b)
+            ensure_contrast(state, self.cache, int(step or 0), a, b, self.gate)
         return [state, *self.render(state, layer, unit, show_special, step, a, b, compare_methods)]
 
     def on_compare(self, state, layer, unit, show_special, step, a, b, compare_methods):
         if not state:
             raise gr.Error("explain a text first, then compare methods on it")
-        errors = compare_request(state, self.cache, list(compare_methods or []), int(step or 0))
+        errors = compare_request(state, self.cache, list(compare_methods or []), int(step or 0), self.gate)
         for error in errors:
             gr.Warning(error)
         return [state, *self.render(state, layer, unit, show_special, step, a, b, compare_methods)]
@@ -738,24 +805,27 @@ class Demo:
             for picker in (contrast_a, contrast_b):
                 picker.input(_guard(self.on_contrast), compare_inputs, [state, *views], api_visibility="private")
             compare_button.click(_guard(self.on_compare), compare_inputs, [state, *views], api_name="compare")
-        blocks.queue(default_concurrency_limit=1, max_size=64)
+        # requests run concurrently (normx.explain is thread-safe); the work gate runs expensive ones one at a time
+        blocks.queue(default_concurrency_limit=CONCURRENCY, max_size=64)
         return blocks
 
 
 def build_demo(locked: bool | None = None, models: Sequence[str] | None = None, default_model: str | None = None,
-               cache: ModelCache | None = None, methods: Sequence[str] | None = None) -> gr.Blocks:
+               cache: ModelCache | None = None, methods: Sequence[str] | None = None,
+               budget: float | None = None) -> gr.Blocks:
     """The demo page, queued. ``locked`` (default: :func:`is_locked`): only ``models`` load (default:
     :func:`allowed_models`).
 
     ``cache``: share a :class:`ModelCache` (tests pass one they filled with :meth:`ModelCache.put`).
     ``methods``: the method picker's choices; default ``normx.list_methods()`` at build time.
+    ``budget``: the work one request may take, in GFLOP (default: :func:`budget_gflop`).
     """
     locked = is_locked(locked)
     allowed = allowed_models(models)
     if cache is None:
         cache = ModelCache(locked=locked, allowed=allowed)
     default = _default_model(default_model, locked, allowed)
-    return Demo(cache, methods, default).build()
+    return Demo(cache, methods, default, WorkGate(budget_gflop(budget))).build()
 
 
 def _default_model(given: str | None, locked: bool, allowed: Sequence[str]) -> str:
@@ -779,17 +849,20 @@ def launch_kwargs(**overrides) -> dict:
 
 
 def launch(host: str | None = None, port: int | None = None, locked: bool | None = None,
-           models: Sequence[str] | None = None, default_model: str | None = None, **overrides):
-    """Build and serve the demo (blocks until stopped). Host / port default to $GRADIO_SERVER_NAME / _PORT."""
+           models: Sequence[str] | None = None, default_model: str | None = None, budget: float | None = None,
+           **overrides):
+    """Build and serve the demo (blocks until stopped). Host / port default to $GRADIO_SERVER_NAME / _PORT;
+    ``locked`` to :func:`resolve_locked` (unlocked on loopback only)."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    locked = is_locked(locked)
+    host = host or os.environ.get("GRADIO_SERVER_NAME") or "127.0.0.1"
+    locked = resolve_locked(locked, host)
     allowed = allowed_models(models)
     cache = ModelCache(locked=locked, allowed=allowed)
-    demo = build_demo(locked=locked, models=allowed, default_model=default_model, cache=cache)
+    demo = build_demo(locked=locked, models=allowed, default_model=default_model, cache=cache, budget=budget)
     default = _default_model(default_model, locked, allowed)
     threading.Thread(target=_preload, args=(cache, default), daemon=True).start()  # the first request is quicker
     return demo.launch(**launch_kwargs(server_name=host, server_port=port, **overrides))
@@ -805,16 +878,32 @@ def _preload(cache: ModelCache, name: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="normx demo", description="Serve the normx Gradio demo.")
     parser.add_argument("--host", default=None, help="interface to bind (default 127.0.0.1; $GRADIO_SERVER_NAME)")
-    parser.add_argument("--port", type=int, default=None, help="port (default 7860; $GRADIO_SERVER_PORT)")
+    parser.add_argument("--port", type=_port, default=None, help="port, 1..65535 (default 7860; $GRADIO_SERVER_PORT)")
     parser.add_argument("--model", default=None, help=f"the model selected at start (default {DEFAULT_MODEL})")
-    parser.add_argument("--locked", action="store_true", default=None,
-                        help=f"only the allow-list loads (${MODELS_ENV}, default: the presets installed and trained); "
-                             f"also ${LOCKED_ENV}=1")
+    lock = parser.add_mutually_exclusive_group()
+    lock.add_argument("--locked", action="store_true", default=None,
+                      help=f"only the allow-list loads (${MODELS_ENV}, default: the presets installed and trained); "
+                           f"also ${LOCKED_ENV}=1. The default when the host is not loopback")
+    lock.add_argument("--unlocked", dest="locked", action="store_false",
+                      help="let visitors load any local folder or hub id, also on a non-loopback host (a warning says "
+                           "so); the default on loopback only")
     parser.add_argument("--models", default=None, help="comma-separated allow-list for --locked")
+    parser.add_argument("--budget-gflop", type=float, default=None,
+                        help=f"work one request may take (default {BUDGET_GFLOP:g}, ~10 s on a 2-core CPU; "
+                             f"${BUDGET_ENV})")
     args = parser.parse_args(argv)
+    if args.budget_gflop is not None and not args.budget_gflop > 0:
+        parser.error(f"--budget-gflop must be positive, got {args.budget_gflop}")
     models = None if args.models is None else [m.strip() for m in args.models.split(",") if m.strip()]
-    launch(args.host, args.port, locked=args.locked, models=models, default_model=args.model)
+    launch(args.host, args.port, locked=args.locked, models=models, default_model=args.model,
+           budget=args.budget_gflop)
     return 0
+
+
+def _port(value: str) -> int:
+    if not value.strip().isdigit() or not 1 <= int(value) <= 65535:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a port: use a number in 1..65535")
+    return int(value)
 
 
 if __name__ == "__main__":

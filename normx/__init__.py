@@ -1,5 +1,7 @@
 """normx: NormXLogit token attributions for Hugging Face transformers.
 
+``explain`` is thread-safe: one loaded model can serve many threads at once (see :mod:`normx.sharing`).
+
 >>> model, tokenizer = normx.load_model("path/or/hub-id")
 >>> explanation = normx.explain(model, tokenizer, "a gripping, beautifully acted film")
 """
@@ -15,9 +17,11 @@ from .errors import (
     ModelLoadError,
     NormxError,
     PairNotSupportedError,
+    PairRequiredError,
     UnknownMethodError,
     UnknownTargetError,
     UnsupportedModelError,
+    WorkBudgetError,
 )
 from .explain import explain
 from .methods import Method, describe_methods, list_methods, register_method
@@ -36,7 +40,8 @@ def load_model(name_or_path: str = "minilm-sst2", **kwargs):
 
 __all__ = [
     "Adapter", "EmptyTextError", "Explanation", "HookNotFiredError", "InputTooLongError", "InvalidInputError",
-    "LayerOutOfRangeError", "Method", "ModelLoadError", "NormxError", "PairNotSupportedError", "UnknownMethodError",
-    "UnknownTargetError", "UnsupportedModelError", "capture", "describe_methods", "explain", "get_adapter",
-    "list_methods", "list_presets", "load_model", "register_adapter", "register_method", "supported_models",
+    "LayerOutOfRangeError", "Method", "ModelLoadError", "NormxError", "PairNotSupportedError", "PairRequiredError",
+    "UnknownMethodError", "UnknownTargetError", "UnsupportedModelError", "WorkBudgetError", "capture",
+    "describe_methods", "explain", "get_adapter", "list_methods", "list_presets", "load_model", "register_adapter",
+    "register_method", "supported_models",
 ]

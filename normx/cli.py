@@ -8,7 +8,7 @@ import os
 import sys
 import warnings
 
-from .errors import NormxError
+from .errors import InvalidInputError, NormxError
 
 METHOD_OPTIONS = ("aggregation", "n_steps", "baselines", "rule", "internal_batch_size", "seed", "rollout", "bias_rule",
                   "include_biases")
@@ -19,7 +19,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     ex = sub.add_parser("explain", help="explain a model's prediction on one or more texts")
-    ex.add_argument("texts", nargs="+", metavar="TEXT", help="text(s) to explain")
+    ex.add_argument("texts", nargs="+", metavar="TEXT", help="text(s) to explain; `-` reads them from standard "
+                    "input, one per line")
     ex.add_argument("--model", required=True,
                     help="a preset name (`normx models`), a local model folder, a PEFT adapter folder or a hub id")
     ex.add_argument("--method", default="normxlogit", help="attribution method (see `normx methods`)")
@@ -107,6 +108,10 @@ def _run(args) -> int:
         print("\n".join(normx.supported_models()))
         return 0
 
+    # everything that can be checked without the model is checked before it loads
+    normx.methods.get_method(args.method)
+    layer = args.layer if args.layer in (None, "all") else _layer(args.layer)
+    texts = _texts(args.texts)
     kwargs = {"gguf_file": args.gguf_file} if args.gguf_file else {}
     model, tokenizer = normx.load_model(args.model, **kwargs)
     target = args.target
@@ -116,10 +121,9 @@ def _run(args) -> int:
         target = [_maybe_int(t) for t in target]
     elif target is not None:
         target = _maybe_int(target)
-    layer = args.layer if args.layer in (None, "all") else _layer(args.layer)
-    pairs = None if args.pair is None else [args.pair] * len(args.texts)
+    pairs = None if args.pair is None else [args.pair] * len(texts)
     options = {name: getattr(args, name) for name in METHOD_OPTIONS if getattr(args, name) is not None}
-    results = normx.explain(model, tokenizer, list(args.texts), method=args.method, target=target, layer=layer,
+    results = normx.explain(model, tokenizer, texts, method=args.method, target=target, layer=layer,
                             text_pair=pairs, foil=None if args.foil is None else _maybe_int(args.foil),
                             embedding=args.embedding, truncation=args.truncation, **options)
     if args.words:
@@ -209,9 +213,25 @@ def _maybe_int(value: str):
 
 
 def _layer(value: str):
-    if "," in value:
-        return [int(v) for v in value.split(",")]
-    return int(value) if value.strip().lstrip("-").isdigit() else value
+    """``--layer``: an index, a comma-separated list of indices, or 'all' (ranges are checked with the model)."""
+    parts = [part.strip() for part in value.split(",")]
+    bad = [part for part in parts if not part.lstrip("-").isdigit()]
+    if bad or not parts:
+        raise InvalidInputError(f"--layer {value!r} is not allowed: give a layer index (0 = embeddings, negative "
+                                "counts from the end), a comma-separated list of them, or 'all'")
+    numbers = [int(part) for part in parts]
+    return numbers if "," in value else numbers[0]
+
+
+def _texts(texts: list[str]) -> list[str]:
+    """The TEXT arguments; a lone `-` reads the texts from standard input, one per non-empty line."""
+    if texts != ["-"]:
+        return list(texts)
+    lines = [line.rstrip("\r\n") for line in sys.stdin]
+    texts = [line for line in lines if line.strip()]
+    if not texts:
+        raise InvalidInputError("`-` reads the texts from standard input, one per line, but it had none")
+    return texts
 
 
 if __name__ == "__main__":

@@ -35,6 +35,10 @@ class PairNotSupportedError(InvalidInputError):
     """A text pair given to a model that takes single texts."""
 
 
+class PairRequiredError(InvalidInputError):
+    """A single text given to a model trained on sentence pairs."""
+
+
 class UnknownMethodError(NormxError, KeyError):
     """A method name that is not registered."""
 
@@ -52,3 +56,7 @@ class HookNotFiredError(NormxError, RuntimeError):
 
 class ModelLoadError(NormxError, OSError):
     """A model name or path that cannot be loaded (missing folder, missing package, offline hub id)."""
+
+
+class WorkBudgetError(InvalidInputError):
+    """A request whose estimated work is over the budget a server allows (:class:`normx.budget.WorkGate`)."""

@@ -9,9 +9,9 @@ import numpy as np
 import torch
 
 from .adapters import Adapter, get_adapter, unwrap_model
-from .errors import InvalidInputError, LayerOutOfRangeError, PairNotSupportedError
+from .errors import InvalidInputError, LayerOutOfRangeError, PairNotSupportedError, PairRequiredError
 from .forward import Pass
-from .inputs import Encoded, as_text_list, collate, encode, max_input_length
+from .inputs import Encoded, as_text_list, collate, encode, pad_token_id, resolve_max_length
 from .methods import Context, Method, get_method
 from .result import Explanation
 from .sharing import using
@@ -43,7 +43,11 @@ def explain(model, tokenizer, texts: str | Sequence[str], method: str = "normxlo
             ``"word"`` = the raw word embedding.
         batch_size: texts per forward pass.
         truncation: ``"warn"`` truncates over-length inputs and records a warning; ``"error"`` raises.
-        max_length: input length cap in tokens; default: what the model and tokenizer accept.
+        max_length: input length cap in tokens (1 .. what the model takes); default: what the model and tokenizer
+            accept.
+
+    Thread-safe: several threads may explain with one model at once, with any methods; each gets what it would
+    get alone, and the model is left as it was (:mod:`normx.sharing`).
         **options: the method's own options (``normx.methods.get_method(name).options`` has them with their
             defaults), e.g. ``n_steps=300`` for ``integrated_gradients``; recorded in ``settings``.
     """
@@ -57,11 +61,11 @@ def explain(model, tokenizer, texts: str | Sequence[str], method: str = "normxlo
     plan = prepare(model, tokenizer, method, target, layer, foil=foil, embedding=embedding, pair=pairs is not None,
                    **options)
     base, adapter = plan.base, plan.adapter
-    limit = max_length if max_length is not None else max_input_length(tokenizer, base.config)
+    limit = resolve_max_length(max_length, tokenizer, base.config)
     encoded = encode(tokenizer, texts, pairs, limit, truncation)
     if adapter.kind == "masked_lm" and tokenizer.mask_token_id is None:
         raise InvalidInputError(f"{type(base).__name__} has a masked-LM head but its tokenizer has no mask token")
-    pad_id = _pad_id(tokenizer)
+    pad_id = pad_token_id(tokenizer)
     decoder = adapter.pooling == "last"
     padding_side = getattr(tokenizer, "padding_side", "right") if decoder else "right"
     device = next(base.parameters()).device
@@ -141,6 +145,10 @@ def prepare(model, tokenizer, method: str = "normxlogit", target=None, layer=Non
             f"text_pair was given, but {type(base).__name__} takes single texts; drop the pair or use a "
             "sentence-pair model (NLI, STS-B)"
         )
+    if not pair and getattr(base.config, "normx_inputs", None) == "pair":
+        raise PairRequiredError(
+            "this model was trained on sentence pairs (its config says normx_inputs='pair'): give the second "
+            "text of each pair with text_pair= (CLI: --pair); one text alone gets a meaningless prediction")
     labels = LabelSpace(adapter.kind, base.config, tokenizer)
     target_columns = labels.resolve_many(target, "target")
     foil_column = None if foil is None else labels.resolve(foil, "foil")
@@ -207,13 +215,6 @@ def parse_layers(layer, num_layers: int, default: str) -> list[int]:
             )
         out.append(int(value) % (num_layers + 1))
     return sorted(set(out))
-
-
-def _pad_id(tokenizer) -> int:
-    for value in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0):
-        if value is not None:
-            return int(value)
-    return 0
 
 
 def _target_columns(labels: LabelSpace, logits: torch.Tensor, requested: list[int] | None) -> torch.Tensor:

@@ -330,16 +330,19 @@ register_method(Method(
     "gradient_norm", _gradient_norm,
     "Gradient Norm: the gradient of the target's logit w.r.t. each token's word embedding, aggregated over the "
     "embedding dimensions (aggregation: l1 | l2 | sum)",
-    layered=False, predicts=True, options=AGGREGATION, check_options=_check_aggregation))
+    layered=False, predicts=True, options=AGGREGATION, check_options=_check_aggregation,
+    cost=lambda tokens, targets, options: 1 + targets))  # one forward, one backward per target (~ a forward each)
 register_method(Method(
     "gradient_x_input", _gradient_x_input,
     "Gradient x Input: gradient times word embedding, aggregated over the embedding dimensions",
-    layered=False, predicts=True, options=AGGREGATION, check_options=_check_aggregation))
+    layered=False, predicts=True, options=AGGREGATION, check_options=_check_aggregation,
+    cost=lambda tokens, targets, options: 1 + targets))
 register_method(Method(
     "integrated_gradients", _integrated_gradients,
     "Integrated Gradients from a zero (or pad-token) embedding baseline to the word embeddings, as Captum "
     "(n_steps, rule, internal_batch_size); reports the convergence delta",
     layered=False, check_options=_check_ig,
+    cost=lambda tokens, targets, options: 2 + options["n_steps"] * (1 + targets),  # each step: forward + backwards
     options={"n_steps": 50, "baselines": "zero", "rule": "gausslegendre", "internal_batch_size": None,
              **AGGREGATION}))
 register_method(Method(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -40,9 +41,50 @@ def as_text_list(texts: str | Sequence[str], name: str = "texts") -> list[str]:
     for i, text in enumerate(texts):
         if not isinstance(text, str):
             raise InvalidInputError(f"{name}[{i}] must be a string, got {type(text).__name__}: {text!r}")
-        if not text.strip():
-            raise EmptyTextError(f"{name}[{i}] is empty or whitespace only ({text!r}); give a non-empty text")
+        check_text(text, f"{name}[{i}]")
     return texts
+
+
+def check_text(text: str, name: str = "the text") -> None:
+    """Raise for text a tokenizer cannot take or that has nothing to explain: a lone surrogate (not valid
+    Unicode), or only white space, control, format (zero-width) or NUL characters (:class:`EmptyTextError`)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidInputError(f"{name} is not valid Unicode: a lone surrogate {text[exc.start]!r} at character "
+                                f"{exc.start}; decode the text with errors='replace' first") from None
+    if not any(not ch.isspace() and unicodedata.category(ch) not in _INVISIBLE for ch in text):
+        raise EmptyTextError(f"{name} is empty or has only white space, control or zero-width characters "
+                             f"({text[:40]!r}); give a text with something to explain")
+
+
+_INVISIBLE = {"Cc", "Cf", "Zs", "Zl", "Zp", "Cn"}  # control, format (zero-width), separators, unassigned
+
+
+def resolve_max_length(max_length, tokenizer, config) -> int:
+    """``max_length`` checked against what the model takes (default: that limit)."""
+    limit = max_input_length(tokenizer, config)
+    if max_length is None:
+        return limit
+    if isinstance(max_length, bool) or not isinstance(max_length, int) or not 1 <= max_length <= limit:
+        raise InvalidInputError(f"max_length={max_length!r} is not allowed: this model takes inputs of 1..{limit} "
+                                "tokens (special tokens included)")
+    return max_length
+
+
+def count_tokens(tokenizer, text: str, pair: str | None = None) -> int:
+    """The number of tokens the model would get for ``text`` (and ``pair``), special tokens included."""
+    with tokenizer_lock(tokenizer):
+        return len(tokenizer(text, pair, truncation=False)["input_ids"])
+
+
+def pad_token_id(tokenizer) -> int | None:
+    """The id normx pads batches with: the tokenizer's pad token, else its end-of-sequence token; None if it has
+    neither (then texts of different lengths cannot share a batch: :func:`collate` says so)."""
+    for value in (getattr(tokenizer, "pad_token_id", None), getattr(tokenizer, "eos_token_id", None)):
+        if value is not None:
+            return int(value)
+    return None
 
 
 def max_input_length(tokenizer, config) -> int:
@@ -105,10 +147,16 @@ def encode(tokenizer, texts: list[str], pairs: list[str] | None, max_length: int
     return out
 
 
-def collate(items: list[Encoded], pad_id: int, padding_side: str, device, position_ids: bool
+def collate(items: list[Encoded], pad_id: int | None, padding_side: str, device, position_ids: bool
             ) -> dict[str, torch.Tensor]:
     """Pad a list of encodings into a batch; decoders also get position ids that skip left padding."""
     width = max(len(item.ids) for item in items)
+    if pad_id is None:
+        if any(len(item.ids) != width for item in items):
+            raise InvalidInputError("the tokenizer has neither a pad nor an end-of-sequence token, so texts of "
+                                    "different lengths cannot share a batch: set tokenizer.pad_token, or pass "
+                                    "batch_size=1")
+        pad_id = 0  # never written: every row is full width
     ids = torch.full((len(items), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(items), width), dtype=torch.long)
     extras = {name: torch.zeros((len(items), width), dtype=torch.long) for name in items[0].extra}

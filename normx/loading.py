@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import pickle
 from pathlib import Path
 
 import transformers
+from safetensors import SafetensorError
 
 from .adapters import supported_models
 from .errors import ModelLoadError, UnsupportedModelError
@@ -31,12 +33,16 @@ def load_model(name_or_path: str | Path, *, task: str | None = None, dtype=None,
     """
     if task is not None and task not in TASKS:
         raise ModelLoadError(f"task={task!r} is not known; use one of {sorted(TASKS)}")
+    if kwargs.get("trust_remote_code"):
+        raise ModelLoadError("trust_remote_code=True is not allowed: normx explains transformers' built-in "
+                             "architectures only (normx.supported_models()), and never runs a model folder's own code")
+    kwargs["trust_remote_code"] = False  # never run code from a model folder or hub repository, never ask
     source = str(name_or_path)
     path = Path(source).expanduser()
     if source in PRESETS and not path.exists():
         if dtype is not None:
             kwargs["dtype"] = dtype
-        model, tokenizer = PRESETS[source].load(**kwargs)
+        model, tokenizer = PRESETS[source].load(**{k: v for k, v in kwargs.items() if k != "trust_remote_code"})
         return _ready(model, tokenizer, device)
     if _looks_local(source) and not path.exists():
         raise ModelLoadError(f"no model folder at {path}; give an existing folder or a hub id")
@@ -88,6 +94,12 @@ def _load_transformers(source: str, task: str | None, kwargs: dict):
             raise
         raise ModelLoadError(f"could not load a model from {source!r}: {exc}. A hub id needs network access "
                              "(the hub is unreachable offline); a local folder needs config.json and weights.") from exc
+    except pickle.UnpicklingError as exc:  # a pickled checkpoint that the safe (weights-only) load refuses
+        raise ModelLoadError(f"could not load a model from {source!r}: its pickled weights failed the safe load "
+                             f"(only tensors are allowed, no code): {str(exc).splitlines()[0]}") from None
+    except SafetensorError as exc:
+        raise ModelLoadError(f"could not load a model from {source!r}: its safetensors weights are damaged ({exc})"
+                             ) from None
 
 
 def _load_tokenizer(source: str, kwargs: dict):
@@ -109,7 +121,7 @@ def _load_peft(path: Path, task: str | None, kwargs: dict):
     task = task or _PEFT_TASKS.get(adapter_config.get("task_type"))
     if (path / "config.json").is_file() and "config" not in kwargs:
         # the task model's config (labels, pad token) saved beside the adapter
-        kwargs["config"] = transformers.AutoConfig.from_pretrained(path)
+        kwargs["config"] = transformers.AutoConfig.from_pretrained(path, trust_remote_code=False)
     base = _load_transformers(base_source, task, kwargs)
     model = PeftModel.from_pretrained(base, str(path))
     has_tokenizer = any((path / name).is_file() for name in _TOKENIZER_FILES)

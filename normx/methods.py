@@ -54,7 +54,9 @@ class Method:
     (:meth:`Context.predict`, which also resolves the targets), so explain skips its capture pass for them: the
     context then has the pooled positions but no captured layers. ``options`` maps each keyword option the method
     takes to its default; ``check_options`` validates the resolved options (raising
-    :class:`~normx.errors.InvalidInputError`) and may normalise them.
+    :class:`~normx.errors.InvalidInputError`) and may normalise them. ``cost(tokens, targets, options)`` estimates
+    the work for one text of ``tokens`` tokens with ``targets`` explained labels, in forward passes of the model
+    on that text (default: one); :mod:`normx.budget` turns it into a work estimate that servers can cap.
     """
 
     name: str
@@ -66,6 +68,13 @@ class Method:
     predicts: bool = False
     options: Mapping[str, Any] = field(default_factory=dict)
     check_options: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    cost: Callable[[int, int, Mapping[str, Any]], float] | None = None
+
+    def passes(self, tokens: int, targets: int = 1, options: Mapping[str, Any] | None = None) -> float:
+        """Estimated work for one text, in forward passes of the model on it (see ``cost``)."""
+        if self.cost is None:
+            return 1.0
+        return float(self.cost(tokens, targets, self.resolve_options(dict(options or {}))))
 
     def resolve_options(self, given: Mapping[str, Any]) -> dict[str, Any]:
         """The options for one call: ``given`` over the defaults; unknown names and bad values raise."""

@@ -84,7 +84,7 @@ def random_scores(items, seed):
 
 
 def curves_for(model, items, scores, **kwargs):
-    runner = Perturber(model, "mask", MASK, **kwargs)
+    runner = Perturber(model, "mask", MASK, **{"pad_id": 0, **kwargs})
     original = runner.logits(items)
     perturbed = runner.perturbed_logits(items, scores)
     return original, {mode: faith.classification_curves(original, logits, None)["confidence_drop"]
@@ -136,7 +136,7 @@ def test_sufficiency_of_the_reversed_oracle_is_the_worst():
 def test_accuracy_curve_against_gold_labels():
     items = evidence_items(np.random.default_rng(2))
     model = EvidenceModel()
-    runner = Perturber(model, "mask", MASK)
+    runner = Perturber(model, "mask", MASK, pad_id=0)
     original = runner.logits(items)
     perturbed = runner.perturbed_logits(items, [oracle_scores(i) for i in items])
     gold = np.ones(len(items), dtype=int)
@@ -149,7 +149,7 @@ def test_accuracy_curve_against_gold_labels():
 def test_regression_pearson_with_gold_scores():
     items = evidence_items(np.random.default_rng(3))
     model = EvidenceModel(regression=True)
-    runner = Perturber(model, "mask", MASK)
+    runner = Perturber(model, "mask", MASK, pad_id=0)
     perturbed = runner.perturbed_logits(items, [oracle_scores(i) for i in items])
     gold = np.array([i.ids.count(EVIDENCE) + 0.01 * j for j, i in enumerate(items)])
     curves = faith.regression_curves(perturbed["comprehensiveness"], gold)["pearson"]
@@ -188,7 +188,7 @@ def test_cls_is_never_masked_and_sep_only_when_special_tokens_are_included():
     items = evidence_items(np.random.default_rng(4), 4)
     for special, sep_masked in (("include", True), ("exclude", False)):
         model = EvidenceModel()
-        runner = Perturber(model, "mask", MASK, special_tokens=special)
+        runner = Perturber(model, "mask", MASK, pad_id=0, special_tokens=special)
         runner.perturbed_logits(items, [oracle_scores(i) for i in items])
         assert all((b["input_ids"][:, 0] == CLS).all() for b in model.batches)
         full = perturb(items[0], ranking(oracle_scores(items[0]), items[0], special), 1.0, "comprehensiveness",
@@ -200,7 +200,7 @@ def test_cls_is_never_masked_and_sep_only_when_special_tokens_are_included():
 def test_masking_keeps_length_and_attention_mask():
     items = evidence_items(np.random.default_rng(5), 6)
     model = EvidenceModel()
-    runner = Perturber(model, "mask", MASK)
+    runner = Perturber(model, "mask", MASK, pad_id=0)
     runner.perturbed_logits(items, random_scores(items, 0))
     lengths = {len(i.ids) for i in items}
     for batch in model.batches:
@@ -363,10 +363,13 @@ def test_gold_labels_map_task_indices_through_names():
 
 def test_user_files(tmp_path):
     tsv = tmp_path / "data.tsv"
-    tsv.write_text('text\ttext_pair\tlabel\nit "works"\tyes\tpositive\nno label here\tsecond\t\n')
+    tsv.write_text('text\ttext_pair\tlabel\nit "works"\tyes\tpositive\nanother\tsecond\t0\n')
     examples = faith.load_examples(str(tsv))
     assert [(e.text, e.pair, e.label) for e in examples] == [('it "works"', "yes", "positive"),
-                                                             ("no label here", "second", None)]
+                                                             ("another", "second", "0")]
+    unlabelled = tmp_path / "plain.tsv"
+    unlabelled.write_text("text\nno label\nnone here either\n")
+    assert [e.label for e in faith.load_examples(str(unlabelled))] == [None, None]  # no labels at all: fine
     jsonl = tmp_path / "data.jsonl"
     jsonl.write_text(json.dumps({"text": "one", "label": 1}) + "\n\n" + json.dumps({"text": "two", "label": 0}))
     assert [(e.text, e.label) for e in faith.load_examples(str(jsonl), limit=1)] == [("one", 1)]

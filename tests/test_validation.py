@@ -19,7 +19,7 @@ def mt():
 
 def test_empty_and_whitespace_texts(mt):
     for bad in ("", "   \n\t"):
-        with pytest.raises(errors.EmptyTextError, match="empty or whitespace"):
+        with pytest.raises(errors.EmptyTextError, match="empty or has only white space"):
             normx.explain(*mt, bad)
     with pytest.raises(errors.EmptyTextError, match=r"texts\[1\]"):
         normx.explain(*mt, ["fine", " "])

@@ -42,7 +42,7 @@ from ..data import held_out_split
 from ..errors import InvalidInputError, NormxError
 from . import evidence as ev
 from .alignment import average_precision, dot_product
-from .commands import add_names_argument, names
+from .commands import add_names_argument, names, output_folder
 
 METRICS = {"dp": "Dot Product", "ap": "Average Precision"}
 DEFAULT_METHODS = ("logat", "normxlogit", "l2norm", "random")
@@ -473,6 +473,7 @@ def add_parser(subparsers):
 def _run(args) -> int:
     import normx
 
+    output_folder(args.out)
     model, tokenizer = normx.load_model(args.model)
     paradigms = names(args.paradigms) or list(ev.DEFAULT_PARADIGMS)
     result = evaluate_blimp(model, tokenizer, paradigms, names(args.methods), data=args.data, split=args.split,

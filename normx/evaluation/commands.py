@@ -7,6 +7,10 @@ An experiment module defines ``add_parser(subparsers)``, which adds its subcomma
 from __future__ import annotations
 
 import argparse
+import os
+from pathlib import Path
+
+from ..errors import InvalidInputError
 
 EXPERIMENTS = ("faithfulness", "blimp")
 
@@ -32,6 +36,18 @@ def names(values: list[str] | None) -> list[str] | None:
     if values is None:
         return None
     return [name.strip() for value in values for name in value.split(",") if name.strip()]
+
+
+def output_folder(path: str) -> Path:
+    """The ``--out`` folder, created now (before any model loads or work runs): a clear error if it cannot be."""
+    folder = Path(path).expanduser()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InvalidInputError(f"--out {path!r}: cannot create the output folder ({exc.strerror or exc})") from None
+    if not os.access(folder, os.W_OK):
+        raise InvalidInputError(f"--out {path!r}: the folder is not writable")
+    return folder
 
 
 def run(args) -> int:

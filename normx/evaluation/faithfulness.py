@@ -39,10 +39,10 @@ import numpy as np
 from .. import data as glue
 from ..adapters import get_adapter, unwrap_model
 from ..errors import InvalidInputError, NormxError, PairNotSupportedError, UnsupportedModelError
-from ..inputs import encode, max_input_length
+from ..inputs import encode, pad_token_id, resolve_max_length
 from ..methods import get_method, list_methods
 from ..targets import LabelSpace
-from .commands import add_names_argument, names
+from .commands import add_names_argument, names, output_folder
 from .perturbation import (
     K_VALUES,
     MODES,
@@ -81,27 +81,50 @@ def read_examples(path: str | Path) -> list[glue.Example]:
     if file.suffix not in DATA_SUFFIXES:
         raise InvalidInputError(f"data file {file} has the suffix {file.suffix!r}; use a TSV (.tsv, with a header "
                                 "row) or JSONL (.jsonl) file with the fields text, text_pair (optional), label")
-    with open(file, encoding="utf-8", newline="") as handle:
-        if file.suffix == ".tsv":
-            rows = list(csv.DictReader(handle, delimiter="\t", quoting=csv.QUOTE_NONE))
-        else:
-            rows = []
-            for number, line in enumerate(handle, 1):
-                if line.strip():
-                    try:
-                        rows.append(json.loads(line))
-                    except json.JSONDecodeError as exc:
-                        raise InvalidInputError(f"{file}:{number} is not valid JSON: {exc}") from exc
-    examples = []
-    for number, row in enumerate(rows, 1):
+    rows = _rows(file)  # (line number, row)
+    examples, unlabelled = [], []
+    for number, row in rows:
         if not isinstance(row, dict) or not isinstance(row.get("text"), str):
-            raise InvalidInputError(f"{file}: example {number} has no `text` field (fields: text, text_pair, label)")
+            raise InvalidInputError(f"{file}:{number}: no `text` field (the fields are text, text_pair, label)")
         pair = row.get("text_pair") or None
         label = row.get("label")
-        examples.append(glue.Example(row["text"], pair, None if label in (None, "") else label))
+        if label in (None, ""):
+            label = None
+            unlabelled.append(number)
+        examples.append(glue.Example(row["text"], pair, label))
     if not examples:
         raise InvalidInputError(f"data file {file} has no examples")
+    if unlabelled and len(unlabelled) < len(examples):  # a few missing labels would silently drop the accuracy
+        raise InvalidInputError(f"{file}:{unlabelled[0]}: no label, but other examples have one"
+                                + (f" ({len(unlabelled)} without: lines {', '.join(map(str, unlabelled[:5]))}"
+                                   + (", ..." if len(unlabelled) > 5 else "") + ")" if len(unlabelled) > 1 else "")
+                                + "; give every example a label, or none")
     return examples
+
+
+def _rows(file: Path) -> list[tuple[int, object]]:
+    """(line number, row) of a TSV (by header) or JSONL file; clear errors for files that are not UTF-8 text."""
+    rows = []
+    try:
+        with open(file, encoding="utf-8", newline="") as handle:
+            if file.suffix == ".tsv":
+                reader = csv.DictReader(handle, delimiter="\t", quoting=csv.QUOTE_NONE)
+                try:
+                    for row in reader:
+                        rows.append((reader.line_num, row))
+                except csv.Error as exc:
+                    raise InvalidInputError(f"{file}:{reader.line_num + 1}: not a TSV line ({exc})") from None
+            else:
+                for number, line in enumerate(handle, 1):
+                    if line.strip():
+                        try:
+                            rows.append((number, json.loads(line)))
+                        except json.JSONDecodeError as exc:
+                            raise InvalidInputError(f"{file}:{number} is not valid JSON: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise InvalidInputError(f"{file} is not UTF-8 text (an undecodable byte at offset {exc.start}); give a "
+                                "UTF-8 TSV or JSONL file") from None
+    return rows
 
 
 def gold_labels(examples: Sequence, labels: LabelSpace, task: str | None = None) -> np.ndarray | None:
@@ -389,10 +412,10 @@ def evaluate(model, tokenizer, examples: Sequence, methods: str | Sequence[str] 
         pairs = None
     gold = gold_labels(examples, labels, task)
 
-    limit = max_length if max_length is not None else max_input_length(tokenizer, base.config)
+    limit = resolve_max_length(max_length, tokenizer, base.config)
     encoded = encode(tokenizer, texts, pairs, limit, "warn")
     decoder = adapter.pooling == "last"
-    runner = Perturber(model, strategy, tokenizer.mask_token_id, ks, special_tokens, pad_id=_pad_id(tokenizer),
+    runner = Perturber(model, strategy, tokenizer.mask_token_id, ks, special_tokens, pad_id=pad_token_id(tokenizer),
                        padding_side=getattr(tokenizer, "padding_side", "right") if decoder else "right",
                        position_ids=decoder, batch_size=eval_batch_size, progress=progress)
     original = runner.logits([_item(e, 0) for e in encoded], desc="original inputs")
@@ -476,13 +499,6 @@ def _aligned_items(encoded, explanations, items: list[Item] | None, method: str)
 
 def _item(encoded, pooled: int) -> Item:
     return Item(tuple(encoded.ids), tuple(encoded.special), pooled, {k: tuple(v) for k, v in encoded.extra.items()})
-
-
-def _pad_id(tokenizer) -> int:
-    for value in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0):
-        if value is not None:
-            return int(value)
-    return 0
 
 
 def _method_names(methods) -> list[str]:
@@ -622,6 +638,7 @@ def run(args) -> int:
         raise InvalidInputError(f"option(s) {', '.join('--' + u.replace('_', '-') for u in unused)} given, but none "
                                 f"of the methods {chosen} takes them")
     examples = load_examples(args.data, args.data_dir, args.limit)
+    output_folder(args.out)
     model, tokenizer = normx.load_model(args.model)
     report = evaluate(model, tokenizer, examples, chosen, task=args.data if args.data in glue.TASKS else None,
                       special_tokens=args.special_tokens, perturbation=args.perturbation, batch_size=args.batch_size,

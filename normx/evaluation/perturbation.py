@@ -122,7 +122,7 @@ def model_device(model: torch.nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
-def forward_logits(model, items: Sequence[Item], *, pad_id: int, padding_side: str = "right",
+def forward_logits(model, items: Sequence[Item], *, pad_id: int | None, padding_side: str = "right",
                    position_ids: bool = False, batch_size: int = 64, progress: bool = False,
                    desc: str = "forward") -> np.ndarray:
     """The model's own logits [len(items), C] (float32) for ``items``, run in length-sorted batches.
@@ -159,7 +159,7 @@ class Perturber:
     mask_token_id: int | None = None
     ks: tuple[float, ...] = K_VALUES
     special_tokens: str = "include"
-    pad_id: int = 0
+    pad_id: int | None = None  # None: the inputs must not need padding
     padding_side: str = "right"
     position_ids: bool = False
     batch_size: int = 64
