@@ -22,7 +22,7 @@ import transformers
 
 import normx
 from normx.explain import Plan, attribute_batch, prepare
-from normx.inputs import collate, encode
+from normx.inputs import collate, encode, pad_token_id
 
 LENGTHS = (40, 120, 360, 512)
 
@@ -37,7 +37,6 @@ METHODS: dict[str, tuple[str, dict] | None] = {
     "integrated_gradients": ("integrated_gradients", {"n_steps": 50}),
     "decompx": ("decompx", {}),
 }
-ENCODER_ONLY = frozenset({"decompx"})  # methods for BERT-family encoders only
 
 WORDS = ("the film was a good story about a quiet team that nobody expected to win the final match while the "
          "weather was cold and grey and the music art and science all need time and work but it is not bad for "
@@ -53,7 +52,7 @@ class ModelSpec:
     load: Callable[[], tuple]  # () -> (model, tokenizer), model in eval mode
     description: str
     pair: bool = False  # takes text pairs
-    decoder: bool = False
+    model_class: str = "BertForSequenceClassification"  # what the methods' supports() is asked about
     smoke: bool = False  # a tiny model for the default (smoke) run
 
 
@@ -104,11 +103,12 @@ MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in [
               pair=True),
     ModelSpec("minilm-mnli", _preset("minilm-mnli"), "preset: all-MiniLM-L6-v2 + LoRA, MNLI (pairs)", pair=True),
     ModelSpec("smollm2-sst2", _preset("smollm2-sst2"), "preset: SmolLM2-135M (Llama, 30 layers) + LoRA, SST-2",
-              decoder=True),
+              model_class="LlamaForSequenceClassification"),
     ModelSpec("tiny-bert", _tiny_bert, "tiny random BERT classifier (smoke tests)", smoke=True),
     ModelSpec("tiny-bert-pair-regression", functools.partial(_tiny_bert, 1),
               "tiny random BERT regression head on pairs (smoke tests)", pair=True, smoke=True),
-    ModelSpec("tiny-llama", _tiny_llama, "tiny random Llama classifier (smoke tests)", decoder=True, smoke=True),
+    ModelSpec("tiny-llama", _tiny_llama, "tiny random Llama classifier (smoke tests)",
+              model_class="LlamaForSequenceClassification", smoke=True),
 ]}
 
 
@@ -122,7 +122,10 @@ def load(name: str, device: str = "cpu", dtype: str = "float32"):
 
 
 def applies(model: str, method: str) -> bool:
-    return not (method in ENCODER_ONLY and MODELS[model].decoder)
+    if METHODS[method] is None:  # the plain forward pass
+        return True
+    adapter = normx.adapters.registered_adapters()[MODELS[model].model_class]
+    return normx.methods.get_method(METHODS[method][0]).unsupported(adapter) is None
 
 
 # ---- inputs of exactly L tokens ----------------------------------------------------------------------------------
@@ -162,11 +165,10 @@ def texts_of_length(tokenizer, length: int, count: int, pair: bool = False
 def encoded_batch(model, tokenizer, texts: list[str], pairs: list[str] | None) -> dict[str, torch.Tensor]:
     """The batch ``normx.explain`` builds for these texts, on the model's device."""
     base = normx.adapters.unwrap_model(model)
-    decoder = normx.adapters.get_adapter(model).pooling == "last"
+    adapter = normx.adapters.get_adapter(model)
     items = encode(tokenizer, texts, pairs, max_length=10**6, truncation="error")
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    side = getattr(tokenizer, "padding_side", "right") if decoder else "right"
-    return collate(items, pad, side, next(base.parameters()).device, position_ids=decoder)
+    return collate(items, pad_token_id(tokenizer), adapter.padding_side(tokenizer), next(base.parameters()).device,
+                   position_ids=adapter.decoder)
 
 
 # ---- the timed calls ---------------------------------------------------------------------------------------------

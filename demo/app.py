@@ -51,7 +51,6 @@ MAX_LABEL_VIEWS = 4  # highlighted views per request; models with more labels sh
 MAX_CONTINUATION = 8  # greedy continuation tokens for causal LMs
 DEFAULT_CONTINUATION = 3
 DEFAULT_MODEL = "minilm-sst2"
-DEFAULT_COMPARE = ("normxlogit", "logat", "gradient_x_input")
 LOCKED_ENV = "NORMX_DEMO_LOCKED"  # "1": locked mode (only the allow-list loads); also on when $SPACE_ID is set
 BUDGET_ENV = "NORMX_DEMO_BUDGET_GFLOP"  # the work one request may take (normx.budget); default BUDGET_GFLOP
 BUDGET_GFLOP = 1500.0  # ~10 s of work on a 2-core CPU (MiniLM: Value Zeroing on ~220 tokens, IG x50 on ~450)
@@ -178,6 +177,11 @@ class ModelCache:
         self._lock = threading.Lock()  # guards the dicts
         self._loading: dict[str, threading.Lock] = {}  # one lock per name, held while that model loads
 
+    def peek(self, name: str):
+        """``(model, tokenizer)`` if ``name`` is loaded, else None (never loads)."""
+        with self._lock:
+            return self._models.get((name or "").strip())
+
     def put(self, name: str, model, tokenizer) -> None:
         """Register an already loaded model under ``name`` (tests, or a host app that loads its own)."""
         with self._lock:
@@ -230,6 +234,14 @@ def layer_spec(method: str):
     from normx.methods import get_method
 
     return "all" if get_method(method).layered else None
+
+
+def default_compare_methods(methods: Sequence[str]) -> list[str]:
+    """The compare tab's default picks: the label-dependent methods that cost at most two forward passes (what
+    each method says of itself: NormXLogit, LogAt and the plain gradients)."""
+    from normx.methods import get_method
+
+    return [m for m in methods if get_method(m).label_dependent and get_method(m).passes(64) <= 2] or list(methods[:2])
 
 
 def unit_view(explanation: normx.Explanation, unit: str = "word", show_special: bool = False) -> normx.Explanation:
@@ -607,7 +619,15 @@ class Demo:
         steps = gr.update(visible=info["task"] in ("causal-lm", "unknown"))
         note = info["description"] or ("a local folder, PEFT adapter folder or hub id" if not self.cache.locked
                                         else "")
-        return pair, steps, gr.update(value=f"*{note}*" if note else "")
+        return pair, steps, gr.update(value=f"*{note}*" if note else ""), *self._method_pickers(name)
+
+    def _method_pickers(self, name: str) -> tuple:
+        """The method picker and the compare choices: only the methods the model supports, once it is loaded."""
+        loaded = self.cache.peek(name)
+        if loaded is None:
+            return gr.update(), gr.update()
+        usable = [m for m in self.methods if m in normx.methods.methods_for(loaded[0])]
+        return gr.update(choices=usable), gr.update(choices=usable)
 
     def on_method_change(self, method: str):
         return gr.update(value=f"*{normx.describe_methods().get(method, '')}*")
@@ -630,7 +650,7 @@ class Demo:
         if vocab and a and b:
             ensure_contrast(state, self.cache, 0, a, b, self.gate)
         rendered = self.render(state, num_layers, unit, show_special, 0, a, b, compare_methods)
-        return [state, slider, step_radio, contrast_a, contrast_b, *rendered]
+        return [state, slider, step_radio, contrast_a, contrast_b, *rendered, *self._method_pickers(model_name)]
 
     def on_step(self, state, layer, unit, show_special, step, compare_methods):
         """A causal LM's step picked: new contrast pickers (its top tokens) and a re-render; no new explanation
@@ -714,7 +734,7 @@ class Demo:
             choices = [self.default_model, *choices]
         examples = [list(e) for e in EXAMPLES if not locked or e[0] in self.cache.allowed]
         info = preset_info(self.default_model)
-        default_compare = [m for m in DEFAULT_COMPARE if m in self.methods] or self.methods[:2]
+        default_compare = default_compare_methods(self.methods)
 
         with gr.Blocks(title="normx: NormXLogit explanations", analytics_enabled=False) as blocks:
             gr.Markdown(
@@ -788,11 +808,12 @@ class Demo:
             view_inputs = [state, layer, unit, show_special, step]
             compare_inputs = [*view_inputs, contrast_a, contrast_b, compare_methods]
 
-            model.change(_guard(self.on_model_change), model, [pair, steps, model_note], queue=False,
+            model.change(_guard(self.on_model_change), model, [pair, steps, model_note, method, compare_methods],
+                         queue=False,
                          api_visibility="private")
             method.change(_guard(self.on_method_change), method, method_note, queue=False, api_visibility="private")
             explain_inputs = [model, text, pair, method, steps, unit, show_special, compare_methods]
-            explain_outputs = [state, layer, step, contrast_a, contrast_b, *views]
+            explain_outputs = [state, layer, step, contrast_a, contrast_b, *views, method, compare_methods]
             button.click(_guard(self.explain), explain_inputs, explain_outputs, api_name="explain")
             text.submit(_guard(self.explain), explain_inputs, explain_outputs, api_visibility="private")
             # the slider, the toggles and the compare picks re-render from the state (no forward pass)

@@ -6,6 +6,7 @@
 >>> explanation = normx.explain(model, tokenizer, "a gripping, beautifully acted film")
 """
 
+from . import decompx, gradients, logat, mixing  # noqa: F401  (the built-in methods register themselves)
 from .adapters import Adapter, get_adapter, register_adapter, supported_models
 from .capture import capture
 from .errors import (

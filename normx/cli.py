@@ -9,9 +9,7 @@ import sys
 import warnings
 
 from .errors import InvalidInputError, NormxError
-
-METHOD_OPTIONS = ("aggregation", "n_steps", "baselines", "rule", "internal_batch_size", "seed", "rollout", "bias_rule",
-                  "include_biases")
+from .method_flags import add_method_flags, given_options
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,24 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--words", nargs="?", const="sum", default=None, choices=["sum", "mean", "max", "absmax"],
                     help="aggregate subword tokens into words (default aggregation: sum)")
     ex.add_argument("--truncation", default="warn", choices=["warn", "error"])
-    grad = ex.add_argument_group("method options (only for the methods that take them; see `normx methods`)")
-    grad.add_argument("--aggregation", default=None, choices=["l1", "l2", "sum"],
-                      help="gradient methods: how to aggregate over the embedding dimensions (default l1)")
-    grad.add_argument("--n-steps", type=int, default=None, help="integrated_gradients: integration steps (default 50)")
-    grad.add_argument("--baselines", default=None, choices=["zero", "pad"],
-                      help="integrated_gradients: baseline embedding (default zero)")
-    grad.add_argument("--rule", default=None,
-                      choices=["gausslegendre", "riemann_trapezoid", "riemann_left", "riemann_right", "riemann_middle"],
-                      help="integrated_gradients: integration rule (default gausslegendre)")
-    grad.add_argument("--internal-batch-size", type=int, default=None,
-                      help="integrated_gradients / value_zeroing: rows per forward pass")
-    grad.add_argument("--seed", type=int, default=None, help="random: the seed (default 0)")
-    grad.add_argument("--bias-rule", default=None, choices=["absdot", "norm", "equal"],
-                      help="decompx: how biases are shared out over the source tokens (default absdot)")
-    grad.add_argument("--no-biases", dest="include_biases", action="store_false", default=None,
-                      help="decompx: drop the biases (the decomposition then no longer sums to the model)")
-    grad.add_argument("--rollout", action="store_true", default=None,
-                      help="globenc / alti / value_zeroing: roll the token-to-token maps out across layers")
+    add_method_flags(ex)
     ex.add_argument("--gguf-file", default=None, help="load a GGUF checkpoint file inside the model folder")
     ex.add_argument("--json", action="store_true", help="print one JSON object with a `results` list")
     ex.add_argument("--no-color", action="store_true", help="plain table without ANSI colours")
@@ -122,7 +103,7 @@ def _run(args) -> int:
     elif target is not None:
         target = _maybe_int(target)
     pairs = None if args.pair is None else [args.pair] * len(texts)
-    options = {name: getattr(args, name) for name in METHOD_OPTIONS if getattr(args, name) is not None}
+    options = given_options(args)
     results = normx.explain(model, tokenizer, texts, method=args.method, target=target, layer=layer,
                             text_pair=pairs, foil=None if args.foil is None else _maybe_int(args.foil),
                             embedding=args.embedding, truncation=args.truncation, **options)

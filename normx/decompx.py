@@ -57,7 +57,7 @@ model's own logits to the model's rounding (measured on a tiny BERT: bf16 0.018,
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from numbers import Integral
 from typing import Any
@@ -66,10 +66,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .adapters import Adapter, active_module, get_adapter, unwrap_model
+from .adapters import Adapter, active_module, get_adapter, registered_adapters, unwrap_model
+from .adapters.encoder import BlockLayout, Step
 from .capture import record_calls
 from .errors import InvalidInputError, LayerOutOfRangeError, UnsupportedModelError
-from .methods import Context, Method, register_method
+from .methods import Context, Method, Option, register_method
 from .sharing import attention_weights, pause, using
 
 BIAS_RULES = ("absdot", "norm", "equal")
@@ -77,70 +78,19 @@ CHUNK_ELEMENTS = 2**24  # float32 values per chunk temporary (64 MiB)
 FAST_FFN_SOURCES = 2  # the FFN goes through per-target H x H matrices when sources * this >= hidden
 
 
-# ---- what DecompX knows of each model class --------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Step:
-    """One step of a head: ``"linear"`` (an affine module), ``"activation"`` (an elementwise function with f(0) = 0)
-    or ``"layer_norm"`` (an nn.LayerNorm)."""
-
-    kind: str
-    module: Any
-
-
-def _linear(module) -> Step:
-    return Step("linear", active_module(module))
-
-
-def _bert_cls(model) -> list[Step]:
-    pooler = active_module(model.bert.pooler)
-    return [_linear(pooler.dense), Step("activation", pooler.activation), _linear(model.classifier)]
-
-
-def _roberta_cls(model) -> list[Step]:  # RoBERTa and XLM-R: dense, tanh, out_proj
-    head = active_module(model.classifier)
-    return [_linear(head.dense), Step("activation", torch.tanh), _linear(head.out_proj)]
-
-
-def _electra_cls(model) -> list[Step]:  # dense, GeLU, out_proj
-    head = active_module(model.classifier)
-    return [_linear(head.dense), Step("activation", head.activation), _linear(head.out_proj)]
-
-
-def _bert_mlm(model) -> list[Step]:
-    predictions = active_module(model.cls).predictions
-    transform = predictions.transform
-    return [_linear(transform.dense), Step("activation", transform.transform_act_fn),
-            Step("layer_norm", transform.LayerNorm), _linear(predictions.decoder)]
-
-
-def _roberta_mlm(model) -> list[Step]:
-    head = active_module(model.lm_head)
-    return [_linear(head.dense), Step("activation", F.gelu), Step("layer_norm", head.layer_norm),
-            _linear(head.decoder)]
-
-
-def _electra_mlm(model) -> list[Step]:
-    pred = model.generator_predictions
-    return [_linear(pred.dense), Step("activation", pred.activation), Step("layer_norm", pred.LayerNorm),
-            _linear(model.generator_lm_head)]
-
-
-HEADS: dict[str, Callable[[nn.Module], list[Step]]] = {
-    "BertForSequenceClassification": _bert_cls,
-    "RobertaForSequenceClassification": _roberta_cls,
-    "XLMRobertaForSequenceClassification": _roberta_cls,
-    "ElectraForSequenceClassification": _electra_cls,
-    "BertForMaskedLM": _bert_mlm,
-    "RobertaForMaskedLM": _roberta_mlm,
-    "XLMRobertaForMaskedLM": _roberta_mlm,
-    "ElectraForMaskedLM": _electra_mlm,
-}
-
+# ---- what DecompX needs of a model: its adapter's encoder block layout and head steps -------------------------
 
 def supported_models() -> list[str]:
-    """Class names DecompX can decompose (PEFT-wrapped versions included)."""
-    return sorted(HEADS)
+    """Class names DecompX can decompose (PEFT-wrapped versions included): those whose adapter describes its
+    encoder blocks and its head as steps."""
+    return sorted(name for name, adapter in registered_adapters().items() if _family_reason(adapter) is None)
+
+
+def _family_reason(adapter: Adapter) -> str | None:
+    if adapter.encoder_block is None or adapter.head_steps is None:
+        return (f"DecompX decomposes post-LayerNorm BERT-style encoders and their heads, which the {adapter.family} "
+                f"{adapter.kind} adapter does not describe")
+    return None
 
 
 def _unsupported(what: str) -> UnsupportedModelError:
@@ -151,21 +101,17 @@ def _unsupported(what: str) -> UnsupportedModelError:
 def _check_model(model: nn.Module) -> tuple[nn.Module, Adapter, list[Step], list[nn.Module]]:
     base = unwrap_model(model)
     name = type(base).__name__
-    if name not in HEADS:
+    adapter = get_adapter(base)
+    if _family_reason(adapter) is not None:
         raise _unsupported(name)
     if getattr(base.config, "is_decoder", False) or getattr(base.config, "add_cross_attention", False):
         raise _unsupported(f"{name} configured as a decoder (is_decoder / add_cross_attention)")
-    adapter = get_adapter(base)
     blocks = adapter.block_modules(base)
     for block in blocks:
-        for path in ("attention.self.value", "attention.output.dense", "attention.output.LayerNorm",
-                     "intermediate.dense", "intermediate.intermediate_act_fn", "output.dense", "output.LayerNorm"):
-            obj = block
-            for part in path.split("."):
-                obj = getattr(obj, part, None)
-            if obj is None:
-                raise _unsupported(f"{name} blocks of type {type(block).__name__} (no {path})")
-    return base, adapter, HEADS[name](base), blocks
+        missing = adapter.encoder_block.missing(block)
+        if missing is not None:
+            raise _unsupported(f"{name} blocks of type {type(block).__name__} (no {missing})")
+    return base, adapter, adapter.head_steps(base), blocks
 
 
 # ---- the model's effective weights -----------------------------------------------------------------------------------
@@ -221,12 +167,12 @@ class BlockWeights:
     ln2: tuple[torch.Tensor, torch.Tensor, float]
 
     @classmethod
-    def of(cls, block: nn.Module) -> BlockWeights:
-        attention = block.attention
-        return cls(heads=int(attention.self.num_attention_heads), value=affine(attention.self.value),
-                   attention_out=affine(attention.output.dense), ln1=_layer_norm_parameters(attention.output.LayerNorm),
-                   ffn_in=affine(block.intermediate.dense), ffn_out=affine(block.output.dense),
-                   ln2=_layer_norm_parameters(block.output.LayerNorm))
+    def of(cls, block: nn.Module, layout: BlockLayout) -> BlockWeights:
+        part = layout.parts(block)
+        return cls(heads=int(part["attention"].num_attention_heads), value=affine(part["value"]),
+                   attention_out=affine(part["attention_out"]), ln1=_layer_norm_parameters(part["ln1"]),
+                   ffn_in=affine(part["ffn_in"]), ffn_out=affine(part["ffn_out"]),
+                   ln2=_layer_norm_parameters(part["ln2"]))
 
 
 # ---- the real forward pass -------------------------------------------------------------------------------------------
@@ -267,12 +213,13 @@ def record(model: nn.Module, inputs: dict[str, torch.Tensor]) -> Recording:
     outputs = {"x0": (adapter.embedding_module(base, "layer"), first)}
     inputs_of = {}
     for i, block in enumerate(blocks):
-        outputs[f"probs{i}"] = (block.attention.self, second)
-        outputs[f"z{i}"] = (block.intermediate.dense, same)
-        outputs[f"a{i}"] = (block.intermediate, same)
+        part = adapter.encoder_block.parts(block)
+        outputs[f"probs{i}"] = (part["attention"], second)
+        outputs[f"z{i}"] = (part["ffn_in"], same)
+        outputs[f"a{i}"] = (part["ffn_act"], same)
         outputs[f"h{i}"] = (block, first)
-        inputs_of[f"ln1_{i}"] = block.attention.output.LayerNorm
-        inputs_of[f"ln2_{i}"] = block.output.LayerNorm
+        inputs_of[f"ln1_{i}"] = part["ln1"]
+        inputs_of[f"ln2_{i}"] = part["ln2"]
     modules = {**{key: module for key, (module, _) in outputs.items()}, **inputs_of}
     with attention_weights(base), torch.no_grad(), record_calls(modules) as calls:
         base.base_model(**inputs)
@@ -504,7 +451,7 @@ def decompose(model: nn.Module, inputs: dict[str, torch.Tensor], layers: Sequenc
         positions = torch.arange(real.shape[1], device=real.device)
         pooled = (real * (real.shape[1] - positions)).argmax(-1)
     with using(base), torch.no_grad():  # eval mode: no dropout, in LoRA layers' probes either
-        weights = [BlockWeights.of(block) for block in blocks]
+        weights = [BlockWeights.of(block, adapter.encoder_block) for block in blocks]
         rec = record(base, inputs)
         batch, tokens, hidden = rec.embeddings.shape
         device = rec.embeddings.device
@@ -590,16 +537,14 @@ def _decompx(ctx: Context) -> torch.Tensor:
     return scores.permute(0, 3, 1, 2)
 
 
-def _check(options: dict[str, Any]) -> dict[str, Any]:
-    check_options(options["include_biases"], options["bias_rule"])
-    return options
-
-
 register_method(Method(
     "decompx", _decompx,
     "DecompX: each token's decomposed vector propagated through every block (attention, residuals, LayerNorms, "
     "FFN with zero-origin GeLU) and the head; the token's share of the target logit at the layer (regression: the "
     "l2 norm of its vector); BERT, RoBERTa, XLM-R, ELECTRA",
-    options={"include_biases": True, "bias_rule": "absdot"}, check_options=_check,
+    display="DecompX", supports=_family_reason, diagnostics=("decomposition_error",),
+    options=[Option("include_biases", True, "share the biases out over the source tokens (without them the "
+                    "decomposition no longer sums to the model's output)", bool, flag="--no-biases"),
+             Option("bias_rule", "absdot", "how biases are shared out over the source tokens", str, BIAS_RULES)],
     # measured on MiniLM (CPU): ~19x a forward pass at 40 tokens, 68x at 128, 156x at 256 (vectors per token pair)
     cost=lambda tokens, targets, options: 1 + 0.6 * tokens))

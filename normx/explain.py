@@ -61,13 +61,13 @@ def explain(model, tokenizer, texts: str | Sequence[str], method: str = "normxlo
     plan = prepare(model, tokenizer, method, target, layer, foil=foil, embedding=embedding, pair=pairs is not None,
                    **options)
     base, adapter = plan.base, plan.adapter
-    limit = resolve_max_length(max_length, tokenizer, base.config)
+    limit = resolve_max_length(max_length, tokenizer, base)
     encoded = encode(tokenizer, texts, pairs, limit, truncation)
     if adapter.kind == "masked_lm" and tokenizer.mask_token_id is None:
         raise InvalidInputError(f"{type(base).__name__} has a masked-LM head but its tokenizer has no mask token")
     pad_id = pad_token_id(tokenizer)
-    decoder = adapter.pooling == "last"
-    padding_side = getattr(tokenizer, "padding_side", "right") if decoder else "right"
+    decoder = adapter.decoder
+    padding_side = adapter.padding_side(tokenizer)
     device = next(base.parameters()).device
 
     settings = {

@@ -44,7 +44,7 @@ class Pass:
         for layer in sorted(set(self.layers) | {num_layers}):
             modules[f"h{layer}"] = layer_output if layer == 0 else blocks[layer - 1]
         transforms = {"x0": lambda t: t.float().norm(dim=-1)}  # keep only the norms of x^0, not x^0 itself
-        kwargs = {"use_cache": False} if adapter.pooling == "last" else {}
+        kwargs = adapter.forward_kwargs
         with capture(modules, transforms) as store:
             model.base_model(**self.inputs, **kwargs)
         self.input_norm = store.pop("x0")
@@ -62,7 +62,7 @@ class Pass:
         positions = torch.arange(mask.shape[1], device=mask.device)
         if self.adapter.pooling == "first":
             return (mask * (mask.shape[1] - positions)).argmax(-1)  # first non-padding position
-        if self.adapter.pooling == "last":
+        if self.adapter.decoder:
             keep = mask
             pad = getattr(self.model.config, "pad_token_id", None)
             if self.adapter.kind == "sequence_classification" and pad is not None:

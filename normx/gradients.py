@@ -33,7 +33,7 @@ import torch
 from .adapters import Adapter
 from .capture import output_tensor
 from .errors import InvalidInputError
-from .methods import Context, Method, register_method
+from .methods import Context, Method, Option, register_method
 from .sharing import pause
 
 AGGREGATIONS = ("l1", "l2", "sum")
@@ -116,7 +116,7 @@ def pooled_head(model: torch.nn.Module, adapter: Adapter, inputs: dict[str, torc
                 embeds: torch.Tensor, vocab: torch.Tensor | None = None) -> torch.Tensor:
     """The head-on-top [N, C] (LM heads: the ``vocab`` columns, or all) at the pooled positions [N] of a forward
     pass from ``inputs_embeds`` [N, T, H] with the other ``inputs`` (no ``input_ids``)."""
-    kwargs = {"use_cache": False} if adapter.pooling == "last" else {}
+    kwargs = adapter.forward_kwargs
     # decoders' last_hidden_state is after their final norm, encoders' is the last block's output: both are what
     # the model's head reads
     hidden = output_tensor(model.base_model(inputs_embeds=embeds, **inputs, **kwargs))
@@ -289,62 +289,44 @@ def _random(ctx: Context) -> torch.Tensor:
 
 # ---- options ---------------------------------------------------------------------------------------------------------
 
-def _choice(options: dict[str, Any], name: str, allowed: tuple[str, ...]) -> None:
-    if not isinstance(options[name], str) or options[name] not in allowed:
-        raise InvalidInputError(f"{name}={options[name]!r} is not allowed; use one of {allowed}")
-
-
-def _integer(value) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
-
-
-def _check_aggregation(options: dict[str, Any]) -> dict[str, Any]:
-    _choice(options, "aggregation", AGGREGATIONS)
+def _check_ig(options: dict[str, Any]) -> dict[str, Any]:
+    n_steps, internal = options["n_steps"], options["internal_batch_size"]
+    smallest = 1 if options["rule"] == "gausslegendre" else 2
+    if isinstance(n_steps, bool) or not isinstance(n_steps, (int, np.integer)) or n_steps < smallest:
+        raise InvalidInputError(f"n_steps must be an integer >= {smallest} for rule={options['rule']!r}, "
+                                f"got {n_steps!r}")
+    if internal is not None and internal < 1:
+        raise InvalidInputError(f"internal_batch_size must be a positive integer (rows per forward pass) or None "
+                                f"(all steps at once), got {internal!r}")
     return options
 
 
-def _check_ig(options: dict[str, Any]) -> dict[str, Any]:
-    _check_aggregation(options)
-    _choice(options, "baselines", BASELINES)
-    _choice(options, "rule", RULES)
-    n_steps, internal = options["n_steps"], options["internal_batch_size"]
-    smallest = 1 if options["rule"] == "gausslegendre" else 2
-    if not _integer(n_steps) or n_steps < smallest:
-        raise InvalidInputError(f"n_steps must be an integer >= {smallest} for rule={options['rule']!r}, "
-                                f"got {n_steps!r}")
-    if internal is not None and (not _integer(internal) or internal < 1):
-        raise InvalidInputError(f"internal_batch_size must be a positive integer (rows per forward pass) or None "
-                                f"(all steps at once), got {internal!r}")
-    return dict(options, n_steps=int(n_steps), internal_batch_size=None if internal is None else int(internal))
-
-
-def _check_seed(options: dict[str, Any]) -> dict[str, Any]:
-    if not _integer(options["seed"]):
-        raise InvalidInputError(f"seed must be an integer, got {options['seed']!r}")
-    return dict(options, seed=int(options["seed"]))
-
-
-AGGREGATION = {"aggregation": "l1"}
+AGGREGATION = Option("aggregation", "l1", "how each token's attribution vector is summed up over the embedding "
+                     "dimensions: l1 (the paper's), l2 or sum (signed)", str, AGGREGATIONS)
 
 register_method(Method(
     "gradient_norm", _gradient_norm,
     "Gradient Norm: the gradient of the target's logit w.r.t. each token's word embedding, aggregated over the "
     "embedding dimensions (aggregation: l1 | l2 | sum)",
-    layered=False, predicts=True, options=AGGREGATION, check_options=_check_aggregation,
+    display="Gradient Norm", layered=False, predicts=True, options=[AGGREGATION],
     cost=lambda tokens, targets, options: 1 + targets))  # one forward, one backward per target (~ a forward each)
 register_method(Method(
     "gradient_x_input", _gradient_x_input,
     "Gradient x Input: gradient times word embedding, aggregated over the embedding dimensions",
-    layered=False, predicts=True, options=AGGREGATION, check_options=_check_aggregation,
+    display="Gradient×Input", layered=False, predicts=True, options=[AGGREGATION],
     cost=lambda tokens, targets, options: 1 + targets))
 register_method(Method(
     "integrated_gradients", _integrated_gradients,
     "Integrated Gradients from a zero (or pad-token) embedding baseline to the word embeddings, as Captum "
     "(n_steps, rule, internal_batch_size); reports the convergence delta",
-    layered=False, check_options=_check_ig,
+    display="Integrated Gradients", layered=False, check_options=_check_ig,
+    diagnostics=("convergence_delta", "output_difference"),
     cost=lambda tokens, targets, options: 2 + options["n_steps"] * (1 + targets),  # each step: forward + backwards
-    options={"n_steps": 50, "baselines": "zero", "rule": "gausslegendre", "internal_batch_size": None,
-             **AGGREGATION}))
+    options=[Option("n_steps", 50, "integration steps", int),
+             Option("baselines", "zero", "the baseline embedding: zero, or the pad token's", str, BASELINES),
+             Option("rule", "gausslegendre", "the integration rule (as Captum's)", str, RULES),
+             Option("internal_batch_size", None, "rows per forward pass (None: all steps at once)", int, none=True),
+             AGGREGATION]))
 register_method(Method(
     "random", _random, "Random baseline: uniform [0, 1) scores, seeded by (seed, text); label-independent",
-    label_dependent=False, layered=False, options={"seed": 0}, check_options=_check_seed))
+    display="Random", label_dependent=False, layered=False, options=[Option("seed", 0, "the seed", int)]))

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .adapters import get_adapter, unwrap_model
 from .errors import EmptyTextError, InputTooLongError, InvalidInputError
 from .sharing import tokenizer_lock
 
@@ -61,9 +62,9 @@ def check_text(text: str, name: str = "the text") -> None:
 _INVISIBLE = {"Cc", "Cf", "Zs", "Zl", "Zp", "Cn"}  # control, format (zero-width), separators, unassigned
 
 
-def resolve_max_length(max_length, tokenizer, config) -> int:
-    """``max_length`` checked against what the model takes (default: that limit)."""
-    limit = max_input_length(tokenizer, config)
+def resolve_max_length(max_length, tokenizer, model) -> int:
+    """``max_length`` checked against what ``model`` takes (default: that limit)."""
+    limit = max_input_length(tokenizer, model)
     if max_length is None:
         return limit
     if isinstance(max_length, bool) or not isinstance(max_length, int) or not 1 <= max_length <= limit:
@@ -87,20 +88,16 @@ def pad_token_id(tokenizer) -> int | None:
     return None
 
 
-def max_input_length(tokenizer, config) -> int:
-    """The longest input the model takes: the tokenizer's limit, capped by the model's position table."""
+def max_input_length(tokenizer, model) -> int:
+    """The longest input ``model`` (PEFT-wrapped or not) takes: the tokenizer's limit, capped by the model's
+    position table (as its adapter reads it)."""
     limits = []
     tok_max = getattr(tokenizer, "model_max_length", None)
     if isinstance(tok_max, int) and 0 < tok_max < _HUGE:
         limits.append(tok_max)
-    for attr in ("max_position_embeddings", "n_positions"):
-        value = getattr(config, attr, None)
-        if isinstance(value, int) and value > 0:
-            # RoBERTa-style position tables reserve padding_idx + 1 rows.
-            if getattr(config, "model_type", "") in ("roberta", "xlm-roberta"):
-                value -= (getattr(config, "pad_token_id", 1) or 0) + 1
-            limits.append(value)
-            break
+    positions = get_adapter(model).max_positions(unwrap_model(model).config)
+    if positions is not None:
+        limits.append(positions)
     return min(limits) if limits else 512
 
 

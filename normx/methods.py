@@ -1,20 +1,27 @@
-"""The registry of attribution methods.
+"""The registry of attribution methods: a leaf that imports no implementation.
 
 A method turns a :class:`Context` (one batch after its forward pass, with resolved targets) into scores of shape
-[batch, targets, layers, tokens]. Register more with :func:`register_method`.
+[batch, targets, layers, tokens]. Implementations register themselves when imported (``normx`` imports the built-in
+ones: :mod:`normx.logat`, :mod:`normx.gradients`, :mod:`normx.decompx`, :mod:`normx.mixing`); register more with
+:func:`register_method`. Everything about a method (options, what it supports, cost, display name) is on its
+:class:`Method`: the command line, the demo, the evaluation and the benchmarks read it from there.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
+import numpy as np
 import torch
 
+from .adapters import Adapter, get_adapter
 from .errors import InvalidInputError, UnknownMethodError
-from .forward import Pass
-from .targets import LabelSpace
+
+if TYPE_CHECKING:
+    from .forward import Pass
+    from .targets import LabelSpace
 
 
 @dataclass
@@ -46,29 +53,97 @@ class Context:
 
 
 @dataclass(frozen=True)
-class Method:
-    """An attribution method.
+class Option:
+    """One keyword option of a method: its default, what it means, and the values it takes.
 
-    ``layered=False`` methods (gradients) attribute to the input embeddings only: their scores have one layer,
-    reported as layer 0. ``predicts=True`` methods run their own forward pass and report the prediction from it
-    (:meth:`Context.predict`, which also resolves the targets), so explain skips its capture pass for them: the
-    context then has the pooled positions but no captured layers. ``options`` maps each keyword option the method
-    takes to its default; ``check_options`` validates the resolved options (raising
-    :class:`~normx.errors.InvalidInputError`) and may normalise them. ``cost(tokens, targets, options)`` estimates
-    the work for one text of ``tokens`` tokens with ``targets`` explained labels, in forward passes of the model
-    on that text (default: one); :mod:`normx.budget` turns it into a work estimate that servers can cap.
+    ``type`` is ``int``, ``float``, ``bool`` or ``str`` (``None``: not checked); ``choices`` lists the allowed
+    values; ``none`` allows ``None`` too. ``flag`` is the command-line spelling when it is not ``--name`` (for a
+    ``bool`` option: ``--name`` when the default is False, ``--no-name`` when it is True).
+    """
+
+    name: str
+    default: Any
+    help: str
+    type: type | None = None
+    choices: tuple | None = None
+    none: bool = False
+    flag: str | None = None
+
+    def check(self, value: Any, method: str) -> Any:
+        """``value`` checked and normalised (numpy scalars to Python); :class:`InvalidInputError` otherwise."""
+        if value is None and (self.none or self.default is None):
+            return None
+        if self.type is bool:
+            if not isinstance(value, (bool, np.bool_)):
+                raise InvalidInputError(f"{method}: {self.name} must be True or False, got {value!r}")
+            return bool(value)
+        if self.type is int:
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                raise InvalidInputError(f"{method}: {self.name} must be an integer, got {value!r}")
+            value = int(value)
+        elif self.type is float:
+            if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+                raise InvalidInputError(f"{method}: {self.name} must be a number, got {value!r}")
+            value = float(value)
+        elif self.type is str and not isinstance(value, str):
+            raise InvalidInputError(f"{method}: {self.name} must be a string, got {value!r}")
+        if self.choices is not None and value not in self.choices:
+            raise InvalidInputError(f"{self.name}={value!r} is not allowed; use one of {self.choices}")
+        return value
+
+
+@dataclass(frozen=True)
+class Method:
+    """An attribution method and every fact about it.
+
+    ``display``: its name in tables and figures. ``layered=False`` methods (gradients) attribute to the input
+    embeddings only: their scores have one layer, reported as layer 0. ``predicts=True`` methods run their own
+    forward pass and report the prediction from it (:meth:`Context.predict`, which also resolves the targets), so
+    explain skips its capture pass for them: the context then has the pooled positions but no captured layers.
+    ``options``: the keyword options it takes (:class:`Option`; given as a sequence, kept by name);
+    ``check_options`` validates what the types cannot (raising :class:`~normx.errors.InvalidInputError`) and may
+    normalise. ``supports(adapter)`` says why a model family is not supported (``None``: it is; the default:
+    every family). ``diagnostics``: the per-text values the method reports. ``cost(tokens, targets, options)``
+    estimates the work for one text of ``tokens`` tokens with ``targets`` explained labels, in forward passes of
+    the model on that text (default: one); :mod:`normx.budget` turns it into a work estimate servers can cap.
     """
 
     name: str
     compute: Callable[[Context], torch.Tensor]
     description: str
+    display: str = ""
     default_layer: Literal["last", "input"] = "last"
     label_dependent: bool = True
     layered: bool = True
     predicts: bool = False
-    options: Mapping[str, Any] = field(default_factory=dict)
+    options: Mapping[str, Option] = field(default_factory=dict)
     check_options: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    supports: Callable[[Any], str | None] | None = None
+    diagnostics: tuple[str, ...] = ()
     cost: Callable[[int, int, Mapping[str, Any]], float] | None = None
+
+    def __post_init__(self):
+        options = self.options
+        if not isinstance(options, Mapping):
+            options = {option.name: option for option in options}
+        bad = [name for name, option in options.items() if not isinstance(option, Option) or option.name != name]
+        if bad:
+            raise TypeError(f"method {self.name!r}: options must be normx.methods.Option objects, got {bad}")
+        object.__setattr__(self, "options", dict(options))
+        object.__setattr__(self, "display", self.display or self.name)
+
+    @property
+    def defaults(self) -> dict[str, Any]:
+        """Option name -> default value."""
+        return {name: option.default for name, option in self.options.items()}
+
+    def unsupported(self, model_or_adapter) -> str | None:
+        """Why this method cannot explain a model (given as the model, PEFT-wrapped or not, or its adapter), or
+        ``None`` if it can."""
+        if self.supports is None:
+            return None
+        adapter = model_or_adapter if isinstance(model_or_adapter, Adapter) else get_adapter(model_or_adapter)
+        return self.supports(adapter)
 
     def passes(self, tokens: int, targets: int = 1, options: Mapping[str, Any] | None = None) -> float:
         """Estimated work for one text, in forward passes of the model on it (see ``cost``)."""
@@ -80,10 +155,11 @@ class Method:
         """The options for one call: ``given`` over the defaults; unknown names and bad values raise."""
         unknown = sorted(set(given) - set(self.options))
         if unknown:
-            takes = ", ".join(f"{k}={v!r}" for k, v in self.options.items()) or "no options"
+            takes = ", ".join(f"{k}={v!r}" for k, v in self.defaults.items()) or "no options"
             raise InvalidInputError(f"method {self.name!r} does not take the option(s) {', '.join(unknown)}; it "
                                     f"takes: {takes}")
-        resolved = {**self.options, **given}
+        resolved = {name: self.options[name].check(value, self.name) if name in given else value
+                    for name, value in {**self.defaults, **given}.items()}
         return dict(self.check_options(resolved)) if self.check_options is not None else resolved
 
 
@@ -122,30 +198,12 @@ def describe_methods() -> dict[str, str]:
     return {name: _METHODS[name].description for name in list_methods()}
 
 
-def _normxlogit(ctx: Context) -> torch.Tensor:
-    return ctx.run.input_norm[:, None, None, :] * ctx.logat()
+def display_name(name: str) -> str:
+    """A method's display name (``Method.display``); the name itself for one not registered here (e.g. a method
+    in a stored report)."""
+    return _METHODS[name].display if name in _METHODS else name
 
 
-def _logat(ctx: Context) -> torch.Tensor:
-    return ctx.logat()
-
-
-def _l2norm(ctx: Context) -> torch.Tensor:
-    return ctx.expand(ctx.run.hidden_norms())
-
-
-register_method(Method(
-    "normxlogit", _normxlogit,
-    "NormXLogit: ||x_i^0|| x LogAt(x_i^l); the input norm times the head's logit for the label on each token"))
-register_method(Method(
-    "logat", _logat,
-    "LogAt: the head-on-top run on each token's layer-l representation, read at the label (|difference from "
-    "the pooled token| for regression)"))
-register_method(Method(
-    "l2norm", _l2norm,
-    "l2 norm of each token's representation (default layer 0, the input embedding); label-independent",
-    default_layer="input", label_dependent=False))
-
-from . import decompx as _decompx  # noqa: E402, F401  (registers DecompX)
-from . import gradients as _gradients  # noqa: E402, F401  (registers the gradient baselines)
-from . import mixing as _mixing  # noqa: E402, F401  (registers GlobEnc, ALTI, Value Zeroing)
+def methods_for(model_or_adapter) -> list[str]:
+    """Names of the registered methods that support a model (or adapter)."""
+    return [name for name in list_methods() if _METHODS[name].unsupported(model_or_adapter) is None]

@@ -46,11 +46,12 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from .adapters import active_module, get_adapter, unwrap_model
+from .adapters import Adapter, active_module, get_adapter, registered_adapters, unwrap_model
+from .adapters.encoder import BlockLayout
 from .capture import Call, output_tensor, record_calls, replace_outputs
 from .errors import InvalidInputError, UnsupportedModelError
 from .inputs import as_text_list, collate, encode, pad_token_id, resolve_max_length
-from .methods import Context, Method, register_method
+from .methods import Context, Method, Option, register_method
 from .sharing import attention_weights, pause, using
 
 MIXING_METHODS = ("globenc", "alti", "value_zeroing")
@@ -58,42 +59,28 @@ DEFAULT_INTERNAL_BATCH_SIZE = 64  # value-zeroing variants per block pass
 _ROWS_PER_CHUNK = 2**24  # decomposition: at most this many floats per [rows, T, hidden] chunk
 
 
-# ---- where a block keeps its parts ---------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class BlockLayout:
-    """Dotted paths, relative to one encoder block, of the modules the mixing methods read."""
-
-    attention: str = "attention.self"  # returns (context, attention probabilities)
-    value: str = "attention.self.value"
-    output_dense: str = "attention.output.dense"  # W_O, b_O
-    ln1: str = "attention.output.LayerNorm"
-    ln2: str = "output.LayerNorm"
-
-    def parts(self, block: nn.Module) -> dict[str, nn.Module]:
-        return {name: block.get_submodule(getattr(self, name))
-                for name in ("attention", "value", "output_dense", "ln1", "ln2")}
-
-
-_BERT_LIKE = BlockLayout()
-_LAYOUTS: dict[str, BlockLayout] = {
-    name: _BERT_LIKE for name in (
-        "BertForSequenceClassification", "BertForMaskedLM", "ElectraForSequenceClassification", "ElectraForMaskedLM",
-        "RobertaForSequenceClassification", "RobertaForMaskedLM", "XLMRobertaForSequenceClassification",
-        "XLMRobertaForMaskedLM")
-}
-
+# ---- what the mixing methods need of a model: its adapter's encoder block layout ------------------------------
 
 def supported_models() -> list[str]:
-    """Class names GlobEnc, ALTI and Value Zeroing support (PEFT-wrapped or not)."""
-    return sorted(_LAYOUTS)
+    """Class names GlobEnc, ALTI and Value Zeroing support (PEFT-wrapped or not): those whose adapter describes
+    their encoder blocks."""
+    return sorted(name for name, adapter in registered_adapters().items() if adapter.encoder_block is not None)
+
+
+def family_reason(adapter: Adapter) -> str | None:
+    """Why a model family is not supported (None: it is)."""
+    if adapter.encoder_block is None:
+        return (f"GlobEnc, ALTI and Value Zeroing decompose post-LayerNorm BERT-style encoder blocks, which the "
+                f"{adapter.family} {adapter.kind} adapter does not describe")
+    return None
 
 
 def layout_of(model: nn.Module) -> BlockLayout:
     """The block layout of ``model``; :class:`UnsupportedModelError` naming the supported classes otherwise."""
     base = unwrap_model(model)
     name = type(base).__name__
-    if name not in _LAYOUTS:
+    adapter = get_adapter(base)
+    if adapter.encoder_block is None:
         raise UnsupportedModelError(
             f"GlobEnc, ALTI and Value Zeroing decompose post-LayerNorm BERT-style encoder blocks and do not support "
             f"{name}. Supported model classes (PEFT-wrapped or not): {', '.join(supported_models())}")
@@ -101,7 +88,7 @@ def layout_of(model: nn.Module) -> BlockLayout:
     if getattr(config, "is_decoder", False) or getattr(config, "add_cross_attention", False):
         raise UnsupportedModelError(f"this {name} is configured as a decoder (is_decoder / add_cross_attention); "
                                     "the mixing methods support bidirectional encoders only")
-    return _LAYOUTS[name]
+    return adapter.encoder_block
 
 
 def zeroed_values(value_module: nn.Module, positions: torch.Tensor):
@@ -209,7 +196,7 @@ class BlockTerms:
 
 def block_terms(rec: BlockRecord) -> BlockTerms:
     """W_O's linear part as dense(I) - dense(0) of the model's own (possibly LoRA-wrapped) output projection."""
-    attention, dense = rec.parts["attention"], rec.parts["output_dense"]
+    attention, dense = rec.parts["attention"], rec.parts["attention_out"]
     heads, size = attention.num_attention_heads, attention.attention_head_size
     hidden = rec.value.shape[-1]
     eye = torch.eye(hidden, dtype=rec.value.dtype, device=rec.value.device)
@@ -407,7 +394,7 @@ def contribution_maps(model, tokenizer, texts: str | Sequence[str], method: str 
     base = unwrap_model(model)
     layout_of(base)
     num_layers = get_adapter(base).num_layers(base)
-    limit = resolve_max_length(max_length, tokenizer, base.config)
+    limit = resolve_max_length(max_length, tokenizer, base)
     encoded = encode(tokenizer, texts, pairs, limit, truncation)
     pad = pad_token_id(tokenizer)
     device = next(base.parameters()).device
@@ -448,25 +435,27 @@ def _scores(method: str):
     return compute
 
 
+ROLLOUT = Option("rollout", False, "aggregate the token-to-token maps across layers (R^l = M^l R^(l-1))", bool)
 _ROW = ("the row of the pooled position ([CLS]; the mask token for masked-LM heads) of its per-layer token-to-token "
         "map; label-independent; rollout=True aggregates across layers. BERT / ELECTRA / RoBERTa / XLM-R only")
 register_method(Method(
     "globenc", _scores("globenc"),
     "GlobEnc (Modarressi et al. 2022): norms of the attention block's output decomposed per source token through "
     "both LayerNorms (N_Enc), normalised per row; " + _ROW,
-    label_dependent=False, options={"rollout": False}, check_options=_check_options,
+    display="GlobEnc", label_dependent=False, options=[ROLLOUT], supports=family_reason,
     cost=lambda tokens, targets, options: 2 + tokens / 20))  # measured (MiniLM, CPU): 3x a forward at 40, 7x at 256
 register_method(Method(
     "alti", _scores("alti"),
     "ALTI (Ferrando et al. 2022): l1-proximity of each source's decomposed vector to the first LayerNorm's output, "
     "normalised per row; " + _ROW,
-    label_dependent=False, options={"rollout": False}, check_options=_check_options,
-    cost=lambda tokens, targets, options: 2 + tokens / 20))  # measured (MiniLM, CPU): 3x a forward at 40, 7x at 256
+    display="ALTI", label_dependent=False, options=[ROLLOUT], supports=family_reason,
+    cost=lambda tokens, targets, options: 2 + tokens / 20))
 register_method(Method(
     "value_zeroing", _scores("value_zeroing"),
     "Value Zeroing (Mohebbi et al. 2023): cosine distance of each token's block output when a source's value "
     "vectors are zeroed, normalised per row (internal_batch_size variants per pass); " + _ROW,
-    label_dependent=False, options={"rollout": False, "internal_batch_size": DEFAULT_INTERNAL_BATCH_SIZE},
-    check_options=_check_options,
+    display="Value Zeroing", label_dependent=False, supports=family_reason, check_options=_check_options,
+    options=[ROLLOUT, Option("internal_batch_size", DEFAULT_INTERNAL_BATCH_SIZE,
+                             "value-zeroing variants per block pass", int)],
     # one block pass per (source token, block): ~ one forward pass per token (measured 1.2x tokens on MiniLM)
     cost=lambda tokens, targets, options: 1 + 1.2 * tokens))

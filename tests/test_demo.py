@@ -326,14 +326,32 @@ def test_locked_mode(folder, monkeypatch):
 
 def test_model_change_shows_the_pair_box_for_pair_presets():
     demo = app.Demo(app.ModelCache())
-    pair, steps, _ = demo.on_model_change("minilm-mnli")
+    pair, steps, *_ = demo.on_model_change("minilm-mnli")
     assert pair["visible"] is True and steps["visible"] is False
-    pair, steps, _ = demo.on_model_change("minilm-sst2")
+    pair, steps, *_ = demo.on_model_change("minilm-sst2")
     assert pair == {"__type__": "update", "visible": False, "value": ""}
-    pair, steps, _ = demo.on_model_change("smollm2")
+    pair, steps, *_ = demo.on_model_change("smollm2")
     assert pair["visible"] is False and steps["visible"] is True
-    pair, steps, _ = demo.on_model_change("/some/folder")
+    pair, steps, *_ = demo.on_model_change("/some/folder")
     assert pair["visible"] is True and steps["visible"] is True
+
+
+def test_method_pickers_offer_only_what_the_loaded_model_supports():
+    import tiny
+
+    cache = app.ModelCache()
+    cache.put("tiny-bert", *tiny.build("BertForSequenceClassification"))
+    cache.put("tiny-llama", *tiny.build("LlamaForSequenceClassification"))
+    demo = app.Demo(cache)
+    *_, method, compare = demo.on_model_change("tiny-llama")
+    assert "decompx" not in method["choices"] and "globenc" not in compare["choices"]
+    assert {"normxlogit", "integrated_gradients"} <= set(method["choices"])
+    *_, method, _ = demo.on_model_change("tiny-bert")
+    assert method["choices"] == demo.methods  # a BERT encoder: every method
+    *_, method, compare = demo.on_model_change("not-loaded-yet")
+    assert method == {"__type__": "update"} and compare == {"__type__": "update"}  # unknown until it loads
+    assert app.default_compare_methods(normx.list_methods()) == ["gradient_norm", "gradient_x_input", "logat",
+                                                                 "normxlogit"]
 
 
 def test_normx_demo_subcommand(capsys):

@@ -308,9 +308,13 @@ def test_methods_that_cannot_explain_the_model_fail_fast_or_are_skipped(monkeypa
     from normx import methods
 
     def refuse(ctx):
-        raise UnsupportedModelError("only for Llama")
+        raise AssertionError("never run: the method says what it supports")
 
-    monkeypatch.setitem(methods._METHODS, "llama_only", methods.Method("llama_only", refuse, "test"))
+    def llama_only(adapter):
+        return None if adapter.family == "llama" else "only for Llama"
+
+    monkeypatch.setitem(methods._METHODS, "llama_only", methods.Method("llama_only", refuse, "test",
+                                                                       supports=llama_only))
     model, tokenizer = tiny.build("BertForSequenceClassification")
     calls = []
     monkeypatch.setattr(Perturber, "perturbed_logits", lambda self, *a, **k: calls.append(a) or {})
@@ -318,7 +322,8 @@ def test_methods_that_cannot_explain_the_model_fail_fast_or_are_skipped(monkeypa
         faith.evaluate(model, tokenizer, tiny.TEXTS, ["random", "llama_only"], progress=False)
     assert calls == []  # refused before any other method's work
     monkeypatch.undo()
-    monkeypatch.setitem(methods._METHODS, "llama_only", methods.Method("llama_only", refuse, "test"))
+    monkeypatch.setitem(methods._METHODS, "llama_only", methods.Method("llama_only", refuse, "test",
+                                                                       supports=llama_only))
     report = faith.evaluate(model, tokenizer, tiny.TEXTS, ["random", "llama_only"], progress=False,
                             skip_unsupported=True)
     assert report.methods == ["random"] and "Llama" in report.skipped["llama_only"]

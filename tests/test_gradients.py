@@ -456,10 +456,10 @@ def test_option_validation():
 
 
 def test_registration_rejects_options_named_like_explain_arguments():
-    from normx.methods import Method, register_method
+    from normx.methods import Method, Option, register_method
 
     with pytest.raises(ValueError, match="named like explain's own arguments"):
-        register_method(Method("bad", lambda ctx: None, "", options={"target": 1}))
+        register_method(Method("bad", lambda ctx: None, "", options=[Option("target", 1, "clashes")]))
     assert "bad" not in normx.list_methods()
     assert set(GRADIENT_METHODS) | {"random"} <= set(normx.list_methods())
 

@@ -328,8 +328,8 @@ def test_registered_method_is_label_independent_and_defaults():
     assert e.layers == [0, 2]
     np.testing.assert_allclose(e.scores[0], e.scores[2])
     np.testing.assert_allclose(e.scores[0, 0], np.eye(len(e.tokens))[0])  # layer 0: the pooled token itself
-    assert normx.methods.get_method("globenc").options == {"rollout": False}
-    assert normx.methods.get_method("value_zeroing").options["rollout"] is False
+    assert normx.methods.get_method("globenc").defaults == {"rollout": False}
+    assert normx.methods.get_method("value_zeroing").defaults["rollout"] is False
 
 
 def test_option_validation():

@@ -10,8 +10,8 @@ from .families import builtin_adapters
 
 _REGISTRY: dict[str, Adapter] = builtin_adapters()
 
-__all__ = ["Adapter", "active_module", "get_adapter", "linear_columns", "register_adapter", "supported_models",
-           "unwrap_model"]
+__all__ = ["Adapter", "active_module", "get_adapter", "linear_columns", "register_adapter", "registered_adapters",
+           "supported_models", "unwrap_model"]
 
 
 def register_adapter(class_name: str, adapter: Adapter, *, overwrite: bool = False) -> None:
@@ -26,6 +26,11 @@ def register_adapter(class_name: str, adapter: Adapter, *, overwrite: bool = Fal
 def supported_models() -> list[str]:
     """Class names of the models normx can explain."""
     return sorted(_REGISTRY)
+
+
+def registered_adapters() -> dict[str, Adapter]:
+    """Class name -> adapter, for every supported model class (a copy)."""
+    return dict(_REGISTRY)
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+if TYPE_CHECKING:
+    from .encoder import BlockLayout
 
 Kind = Literal["sequence_classification", "masked_lm", "causal_lm"]
 Pooling = Literal["first", "last", "mask"]
@@ -31,7 +34,13 @@ class Adapter:
       as if each were the pooled token; returns [N, C]. For LM heads ``columns`` (a LongTensor of vocabulary
       ids) selects the output columns; ``None`` means all of them.
     - ``pooling``: the position whose head output is the model's prediction: ``"first"`` ([CLS]), ``"last"``
-      (last non-padding token) or ``"mask"`` (the mask token, for masked-LM heads).
+      (last non-padding token: decoders) or ``"mask"`` (the mask token, for masked-LM heads).
+    - ``reserved_positions(config)``: position-table rows the model keeps for itself (RoBERTa-style tables
+      reserve ``padding_idx + 1``), so the longest input is the table's size minus these.
+    - ``encoder_block``: for post-LayerNorm BERT-style encoders, where a block keeps its parts
+      (:class:`~normx.adapters.encoder.BlockLayout`): what GlobEnc, ALTI, Value Zeroing and DecompX read.
+    - ``head_steps(model)``: the head-on-top as decomposable steps (:class:`~normx.adapters.encoder.Step`), for
+      DecompX.
     """
 
     family: str
@@ -42,6 +51,31 @@ class Adapter:
     pooling: Pooling
     final_norm: ModuleRef | None = None
     word_embeddings: ModuleRef | None = None
+    reserved_positions: Callable[[Any], int] | None = None
+    encoder_block: BlockLayout | None = None
+    head_steps: Callable[[nn.Module], list] | None = None
+
+    @property
+    def decoder(self) -> bool:
+        """A left-to-right decoder: pools the last token, pads on the tokenizer's side, gets position ids."""
+        return self.pooling == "last"
+
+    @property
+    def forward_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments normx adds to the backbone's forward (decoders: no key-value cache)."""
+        return {"use_cache": False} if self.decoder else {}
+
+    def padding_side(self, tokenizer) -> str:
+        """Decoders pad where their tokenizer pads (position ids skip the padding); encoders on the right."""
+        return getattr(tokenizer, "padding_side", "right") if self.decoder else "right"
+
+    def max_positions(self, config) -> int | None:
+        """The longest input the model's position table takes, or None if it has no limit in its config."""
+        for attr in ("max_position_embeddings", "n_positions"):
+            value = getattr(config, attr, None)
+            if isinstance(value, int) and value > 0:
+                return value - (self.reserved_positions(config) if self.reserved_positions is not None else 0)
+        return None
 
     def module(self, model: nn.Module, ref: ModuleRef) -> nn.Module:
         return resolve(model, ref)

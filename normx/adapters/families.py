@@ -11,6 +11,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from .base import Adapter, active_module, linear_columns
+from .encoder import (
+    BERT_BLOCK,
+    bert_classifier_steps,
+    bert_mlm_steps,
+    electra_classifier_steps,
+    electra_mlm_steps,
+    roberta_classifier_steps,
+    roberta_mlm_steps,
+)
 
 
 def _first_token(h: torch.Tensor) -> torch.Tensor:
@@ -98,6 +107,11 @@ def _deberta_blocks(model: nn.Module) -> list[nn.Module]:
     return blocks
 
 
+def _padding_idx_rows(config) -> int:
+    """RoBERTa-style position tables number positions from padding_idx + 1."""
+    return (getattr(config, "pad_token_id", 1) or 0) + 1
+
+
 def _decoder(family: str, kind, head, prefix: str, embeddings: str, blocks: str, norm: str) -> Adapter:
     return Adapter(family=family, kind=kind, embeddings=f"{prefix}.{embeddings}", blocks=f"{prefix}.{blocks}",
                    final_norm=f"{prefix}.{norm}", head=head, pooling="last")
@@ -106,34 +120,40 @@ def _decoder(family: str, kind, head, prefix: str, embeddings: str, blocks: str,
 def builtin_adapters() -> dict[str, Adapter]:
     """The adapters normx ships, keyed by Hugging Face model class name."""
     cls, mlm, clm = "sequence_classification", "masked_lm", "causal_lm"
-    bert_like = dict(embeddings="bert.embeddings", blocks="bert.encoder.layer")
-    roberta_like = dict(embeddings="roberta.embeddings", blocks="roberta.encoder.layer")
+    bert_like = dict(embeddings="bert.embeddings", blocks="bert.encoder.layer", encoder_block=BERT_BLOCK)
+    roberta_like = dict(embeddings="roberta.embeddings", blocks="roberta.encoder.layer", encoder_block=BERT_BLOCK,
+                        reserved_positions=_padding_idx_rows)
     distil = dict(embeddings="distilbert.embeddings", blocks="distilbert.transformer.layer")
     deberta = dict(embeddings="deberta.embeddings", blocks=_deberta_blocks)
     electra = dict(embeddings=_electra_embeddings, blocks="electra.encoder.layer",
-                   word_embeddings="electra.embeddings.word_embeddings")
+                   word_embeddings="electra.embeddings.word_embeddings", encoder_block=BERT_BLOCK)
     adapters = {
-        "BertForSequenceClassification": Adapter("bert", cls, head=_bert_cls, pooling="first", **bert_like),
+        "BertForSequenceClassification": Adapter("bert", cls, head=_bert_cls, pooling="first",
+                                                 head_steps=bert_classifier_steps, **bert_like),
         "RobertaForSequenceClassification": Adapter("roberta", cls, head=_classification_head, pooling="first",
-                                                    **roberta_like),
+                                                    head_steps=roberta_classifier_steps, **roberta_like),
         "DistilBertForSequenceClassification": Adapter("distilbert", cls, head=_distilbert_cls, pooling="first",
                                                        **distil),
         "DebertaV2ForSequenceClassification": Adapter("deberta-v2", cls, head=_deberta_cls, pooling="first",
                                                       **deberta),
         "ElectraForSequenceClassification": Adapter("electra", cls, head=_classification_head, pooling="first",
-                                                    **electra),
-        "BertForMaskedLM": Adapter("bert", mlm, head=_bert_mlm, pooling="mask", **bert_like),
-        "RobertaForMaskedLM": Adapter("roberta", mlm, head=_roberta_mlm, pooling="mask", **roberta_like),
+                                                    head_steps=electra_classifier_steps, **electra),
+        "BertForMaskedLM": Adapter("bert", mlm, head=_bert_mlm, pooling="mask", head_steps=bert_mlm_steps,
+                                   **bert_like),
+        "RobertaForMaskedLM": Adapter("roberta", mlm, head=_roberta_mlm, pooling="mask",
+                                      head_steps=roberta_mlm_steps, **roberta_like),
         "DistilBertForMaskedLM": Adapter("distilbert", mlm, head=_distilbert_mlm, pooling="mask", **distil),
         "DebertaV2ForMaskedLM": Adapter("deberta-v2", mlm, head=_deberta_mlm, pooling="mask", **deberta),
-        "ElectraForMaskedLM": Adapter("electra", mlm, head=_electra_mlm, pooling="mask", **electra),
+        "ElectraForMaskedLM": Adapter("electra", mlm, head=_electra_mlm, pooling="mask", head_steps=electra_mlm_steps,
+                                      **electra),
         "GPT2ForSequenceClassification": _decoder("gpt2", cls, _score_head, "transformer", "drop", "h", "ln_f"),
         "GPT2LMHeadModel": _decoder("gpt2", clm, _lm_head, "transformer", "drop", "h", "ln_f"),
     }
     adapters["XLMRobertaForSequenceClassification"] = Adapter(
-        "xlm-roberta", cls, head=_classification_head, pooling="first", **roberta_like)
+        "xlm-roberta", cls, head=_classification_head, pooling="first", head_steps=roberta_classifier_steps,
+        **roberta_like)
     adapters["XLMRobertaForMaskedLM"] = Adapter("xlm-roberta", mlm, head=_roberta_mlm, pooling="mask",
-                                                **roberta_like)
+                                                head_steps=roberta_mlm_steps, **roberta_like)
     for name in ("Llama", "Mistral", "Qwen2", "Qwen3"):
         family = name.lower()
         adapters[f"{name}ForSequenceClassification"] = _decoder(

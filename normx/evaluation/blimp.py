@@ -40,16 +40,12 @@ import numpy as np
 
 from ..data import held_out_split
 from ..errors import InvalidInputError, NormxError
+from ..methods import display_name
 from . import evidence as ev
 from .alignment import average_precision, dot_product
 from .commands import add_names_argument, names, output_folder
 
 METRICS = {"dp": "Dot Product", "ap": "Average Precision"}
-DEFAULT_METHODS = ("logat", "normxlogit", "l2norm", "random")
-DECOMPOSITION = ("globenc", "alti", "value_zeroing", "decompx")  # added to the defaults when registered
-LABELS = {"logat_target": "LogAt(target)", "logat_foil": "LogAt(foil)", "normxlogit": "NormXLogit",
-          "l2norm": "ℓ2 norm", "random": "random", "globenc": "GlobEnc", "alti": "ALTI",
-          "value_zeroing": "Value Zeroing", "decompx": "DecompX"}
 SETTINGS = {"masked_lm": "masked", "causal_lm": "causal"}
 SPLITS = ("all", "train", "dev")
 
@@ -159,13 +155,22 @@ def resolve_methods(names: Sequence[str] | None) -> list[str]:
     from ..methods import get_method, list_methods
 
     if names is None:
-        names = list(DEFAULT_METHODS) + [m for m in DECOMPOSITION if m in list_methods()]
+        # every method with per-layer scores, and the label-independent baselines (random): not the gradients
+        names = [m for m in list_methods() if get_method(m).layered or not get_method(m).label_dependent]
     names = list(dict.fromkeys(names))
     if not names:
         raise InvalidInputError(f"no methods given; choose from {', '.join(list_methods())}")
     for name in names:
         get_method(name)
     return names
+
+
+def curve_label(curve: str) -> str:
+    """A curve's name in figures: the method's display name, with (target) / (foil) for LogAt's two curves."""
+    for side in ("target", "foil"):
+        if curve.endswith(f"_{side}"):
+            return f"{display_name(curve.removesuffix(f'_{side}'))}({side})"
+    return display_name(curve)
 
 
 def curve_names(method: str) -> list[str]:
@@ -424,7 +429,7 @@ def plot(result: dict, metric: str, file: str | Path) -> Path:
             stats = groups[group][name]
             dashed = name in flat
             ax.plot(layers, stats["mean"], color=colours[name], linestyle="--" if dashed else "-",
-                    marker=None if dashed else "o", markersize=3, linewidth=1.4, label=LABELS.get(name, name))
+                    marker=None if dashed else "o", markersize=3, linewidth=1.4, label=curve_label(name))
         n = max(s["n"] for s in groups[group].values())
         ax.set_title(f"{group} (n={n})")
         ax.set_xlabel("layer")

@@ -40,6 +40,7 @@ from .. import data as glue
 from ..adapters import get_adapter, unwrap_model
 from ..errors import InvalidInputError, NormxError, PairNotSupportedError, UnsupportedModelError
 from ..inputs import encode, pad_token_id, resolve_max_length
+from ..method_flags import add_method_flags, given_options, option_words
 from ..methods import get_method, list_methods
 from ..targets import LabelSpace
 from .commands import add_names_argument, names, output_folder
@@ -412,26 +413,24 @@ def evaluate(model, tokenizer, examples: Sequence, methods: str | Sequence[str] 
         pairs = None
     gold = gold_labels(examples, labels, task)
 
-    limit = resolve_max_length(max_length, tokenizer, base.config)
+    limit = resolve_max_length(max_length, tokenizer, base)
     encoded = encode(tokenizer, texts, pairs, limit, "warn")
-    decoder = adapter.pooling == "last"
     runner = Perturber(model, strategy, tokenizer.mask_token_id, ks, special_tokens, pad_id=pad_token_id(tokenizer),
-                       padding_side=getattr(tokenizer, "padding_side", "right") if decoder else "right",
-                       position_ids=decoder, batch_size=eval_batch_size, progress=progress)
+                       padding_side=adapter.padding_side(tokenizer), position_ids=adapter.decoder,
+                       batch_size=eval_batch_size, progress=progress)
     original = runner.logits([_item(e, 0) for e in encoded], desc="original inputs")
     predicted = original.argmax(-1)
 
     skipped: dict[str, str] = {}
-    for name in list(names):  # fail fast (or skip) on methods that cannot explain this model: try one example
-        try:
-            _explain(normx, model, tokenizer, texts[:1], None if pairs is None else pairs[:1], name, options[name],
-                     1, limit, False)
-        except (UnsupportedModelError, InvalidInputError) as exc:
-            if not skip_unsupported:
-                raise
-            skipped[name] = str(exc)
-            names.remove(name)
-            print(f"normx: skipping {name}: {exc}", file=sys.stderr)
+    for name in list(names):  # what a method supports is on the method: no need to try it
+        reason = get_method(name).unsupported(adapter)
+        if reason is None:
+            continue
+        if not skip_unsupported:
+            raise UnsupportedModelError(f"{name}: {reason}")
+        skipped[name] = reason
+        names.remove(name)
+        print(f"normx: skipping {name}: {reason}", file=sys.stderr)
 
     items: list[Item] | None = None
     results: dict[str, MethodResult] = {}
@@ -588,9 +587,6 @@ def _plain(value):
 
 # ---- command line ------------------------------------------------------------------------------------------------
 
-CLI_OPTIONS = ("seed", "n_steps", "internal_batch_size")
-
-
 def add_parser(subparsers):
     parser = subparsers.add_parser(
         "faithfulness", help="AOPC comprehensiveness / sufficiency of attribution methods on a model and data set",
@@ -613,11 +609,7 @@ def add_parser(subparsers):
     parser.add_argument("--batch-size", type=int, default=16, help="texts per explain batch")
     parser.add_argument("--eval-batch-size", type=int, default=64, help="perturbed inputs per forward pass")
     parser.add_argument("--max-length", type=int, default=None, help="truncate inputs to this many tokens")
-    group = parser.add_argument_group("method options (given to the methods that take them)")
-    group.add_argument("--seed", type=int, default=None, help="random: the seed (default 0)")
-    group.add_argument("--n-steps", type=int, default=None, help="integrated_gradients: steps (default 50)")
-    group.add_argument("--internal-batch-size", type=int, default=None,
-                       help="integrated_gradients: rows per forward pass")
+    add_method_flags(parser)
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG figures")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.set_defaults(func=run)
@@ -631,7 +623,7 @@ def run(args) -> int:
     if methods == ["all"] or not methods:
         methods = None
     chosen = _method_names(methods)
-    given = {name: getattr(args, name) for name in CLI_OPTIONS if getattr(args, name) is not None}
+    given = given_options(args)
     method_options = {m: {k: v for k, v in given.items() if k in get_method(m).options} for m in chosen}
     unused = sorted(set(given) - {k for opts in method_options.values() for k in opts})
     if unused:
@@ -687,9 +679,9 @@ def _command(args) -> str:
         parts.append(f"--special-tokens {args.special_tokens}")
     if args.perturbation != "auto":
         parts.append(f"--perturbation {args.perturbation}")
-    for name in ("max_length", *CLI_OPTIONS):
-        if getattr(args, name) is not None:
-            parts.append(f"--{name.replace('_', '-')} {getattr(args, name)}")
+    if args.max_length is not None:
+        parts.append(f"--max-length {args.max_length}")
+    parts += option_words(args)
     parts.append(f"--out {args.out}")
     return " ".join(parts)
 

@@ -10,11 +10,8 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-DISPLAY = {
-    "normxlogit": "NormXLogit", "logat": "LogAt", "l2norm": "$\\ell_2$ norm", "gradient_norm": "Gradient Norm",
-    "gradient_x_input": "Gradient×Input", "integrated_gradients": "Integrated Gradients", "random": "Random",
-    "decompx": "DecompX", "globenc": "GlobEnc", "alti": "ALTI", "value_zeroing": "Value Zeroing",
-}
+from ..methods import display_name
+
 YLABELS = {
     "confidence_drop": "confidence drop  p(ŷ|x) − p(ŷ|x̃)",
     "accuracy": "accuracy (gold labels)",
@@ -53,7 +50,7 @@ def plot_mode(report, mode: str, path: str | Path) -> Path:
             if curve is None:
                 continue
             value = report.aopc(method, mode, metric)
-            label = f"{DISPLAY.get(method, method)} (AOPC {value:.3f})"
+            label = f"{display_name(method)} (AOPC {value:.3f})"
             ax.plot(ks, curve, marker=MARKERS[index % len(MARKERS)], markersize=4, linewidth=1.6,
                     color=colors[index], label=label)
         ax.set_xlabel(XLABELS[mode])
