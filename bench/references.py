@@ -10,7 +10,7 @@ import transformers
 from workloads import Workload
 
 from normx.adapters import unwrap_model
-from normx.explain import BatchAttribution
+from normx.pipeline import BatchAttribution
 
 
 def _close(work: Workload, actual, expected, what: str, rtol: float = 1e-4):
@@ -186,6 +186,6 @@ def check_end_to_end(work: Workload, result) -> None:
 
 
 def attribute_batch_for(work: Workload) -> BatchAttribution:
-    from normx.explain import attribute_batch
+    from normx.pipeline import attribute_batch
 
     return attribute_batch(work.plan, work.inputs)

@@ -21,8 +21,8 @@ import torch
 import transformers
 
 import normx
-from normx.explain import Plan, attribute_batch, prepare
 from normx.inputs import collate, encode, pad_token_id
+from normx.pipeline import Plan, attribute_batch, prepare
 
 LENGTHS = (40, 120, 360, 512)
 

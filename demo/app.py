@@ -312,7 +312,7 @@ def display_token(tokenizer, token: str) -> str:
 
 def probabilities(explanation: normx.Explanation, tokenizer=None) -> dict[str, float]:
     """``gr.Label`` value: label -> probability (vocabulary heads: the top tokens, shown as text); {} for regression."""
-    if explanation.settings.get("kind") in VOCABULARY_KINDS and tokenizer is not None:
+    if explanation.vocabulary and tokenizer is not None:
         return {display_token(tokenizer, k): float(v) for k, v in explanation.probabilities.items()}
     return {str(k): float(v) for k, v in explanation.probabilities.items()}
 
@@ -326,13 +326,13 @@ def markdown_text(text: str) -> str:
 def prediction_text(explanation: normx.Explanation, tokenizer=None) -> str:
     """A one-paragraph Markdown summary of the prediction."""
     pred = explanation.prediction
-    if explanation.settings.get("regression") or isinstance(pred, float):
+    if explanation.regression or isinstance(pred, float):
         return f"**Predicted score:** {float(pred):.3f} (regression)"
     prob = explanation.probabilities.get(pred)
     p = "" if prob is None else f" (p = {prob:.3f})"
-    if explanation.settings.get("kind") in VOCABULARY_KINDS:
+    if explanation.vocabulary:
         shown = display_token(tokenizer, pred) if tokenizer is not None else repr(pred)
-        what = "masked token" if explanation.settings.get("kind") == "masked_lm" else "next token"
+        what = "masked token" if explanation.kind == "masked_lm" else "next token"
         return f"**Predicted {what}:** `{shown}`{p}"
     return f"**Prediction:** {markdown_text(str(pred))}{p}"
 
@@ -347,9 +347,9 @@ def label_order(explanation: normx.Explanation, limit: int = MAX_LABEL_VIEWS) ->
 
 
 def label_title(explanation: normx.Explanation, label: str, tokenizer=None) -> str:
-    if explanation.settings.get("regression"):
+    if explanation.regression:
         return f"score (regression: predicted {float(explanation.prediction):.3f})"
-    name = display_token(tokenizer, label) if explanation.settings.get("kind") in VOCABULARY_KINDS and tokenizer \
+    name = display_token(tokenizer, label) if explanation.vocabulary and tokenizer \
         else label
     prob = explanation.probabilities.get(label)
     tags = ["predicted"] if label == explanation.prediction else []
@@ -381,7 +381,7 @@ def contrast_view(explanation: normx.Explanation, a: str, b: str, layer: int | N
     at = nearest_layer(view, layer)
     row = view.token_scores(a, at) - view.token_scores(b, at)
     scale = scale_of(view, [row])
-    vocab = view.settings.get("kind") in VOCABULARY_KINDS and tokenizer is not None
+    vocab = view.vocabulary and tokenizer is not None
     name_a = display_token(tokenizer, a) if vocab else a
     name_b = display_token(tokenizer, b) if vocab else b
     return f"{name_a} vs {name_b} (red: toward {name_a}, purple: toward {name_b}) · layer {at} · scale {scale:.3g}", \
@@ -486,9 +486,9 @@ def step_choices(state: dict, tokenizer=None) -> list[tuple[str, int]]:
 
 def contrast_choices(explanation: normx.Explanation, tokenizer=None) -> list[tuple[str, str]]:
     """Labels the contrast view can pick: a classifier's labels, or a vocabulary head's top tokens."""
-    if explanation.settings.get("regression"):
+    if explanation.regression:
         return []
-    if explanation.settings.get("kind") in VOCABULARY_KINDS:
+    if explanation.vocabulary:
         names = list(dict.fromkeys([explanation.prediction, *explanation.probabilities]))
         return [(display_token(tokenizer, n) if tokenizer is not None else n, n) for n in names]
     return [(label, label) for label in explanation.labels]
@@ -496,7 +496,7 @@ def contrast_choices(explanation: normx.Explanation, tokenizer=None) -> list[tup
 
 def default_contrast(explanation: normx.Explanation) -> tuple[str | None, str | None]:
     """The predicted label against the most probable other one."""
-    if explanation.settings.get("regression") or len(explanation.probabilities) < 2:
+    if explanation.regression or len(explanation.probabilities) < 2:
         return None, None
     others = sorted((k for k in explanation.probabilities if k != explanation.prediction),
                     key=lambda k: -explanation.probabilities[k])
@@ -512,7 +512,7 @@ def ensure_contrast(state: dict, cache: ModelCache, step: int, a: str | None, b:
     explanation = state["steps"][step]
     if a in explanation.labels and b in explanation.labels:
         return explanation
-    if explanation.settings.get("kind") not in VOCABULARY_KINDS:
+    if not explanation.vocabulary:
         return None
     key = (step, a, b)
     if key not in state["contrast"]:
@@ -535,7 +535,7 @@ def compare_request(state: dict, cache: ModelCache, methods: Sequence[str], step
     explanation = state["steps"][step]
     model, tokenizer = cache.get(state["model"])
     done = state["compare"].setdefault(step, {})
-    target = None if explanation.settings.get("regression") else explanation.prediction
+    target = None if explanation.regression else explanation.prediction
     prefix, pair = state["prefixes"][step], state["pair"]
     tokens = count_tokens(tokenizer, prefix, pair)
     for method in methods:
@@ -712,7 +712,7 @@ class Demo:
             contrast = gr.update(value=value, label=title, visible=True)
         else:
             contrast = gr.update(value=None, label="contrast: pick two different labels", visible=True) \
-                if not explanation.settings.get("regression") else hidden
+                if not explanation.regression else hidden
         compared = compare_views(state, list(compare_methods or []), layer, unit, show_special, step, tokenizer)
         compare_updates = [gr.update(value=compared[m][1], label=compared[m][0], visible=True) if m in compared
                            else hidden for m in self.methods]

@@ -8,7 +8,6 @@
 
 from . import decompx, gradients, logat, mixing  # noqa: F401  (the built-in methods register themselves)
 from .adapters import Adapter, get_adapter, register_adapter, supported_models
-from .capture import capture
 from .errors import (
     EmptyTextError,
     HookNotFiredError,
@@ -24,8 +23,9 @@ from .errors import (
     UnsupportedModelError,
     WorkBudgetError,
 )
-from .explain import explain
+from .hooks import capture
 from .methods import Method, describe_methods, list_methods, register_method
+from .pipeline import explain
 from .presets import list_presets
 from .result import Explanation
 

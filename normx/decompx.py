@@ -68,8 +68,8 @@ from torch import nn
 
 from .adapters import Adapter, active_module, get_adapter, registered_adapters, unwrap_model
 from .adapters.encoder import BlockLayout, Step
-from .capture import record_calls
 from .errors import InvalidInputError, LayerOutOfRangeError, UnsupportedModelError
+from .hooks import record_calls
 from .methods import Context, Method, Option, register_method
 from .sharing import attention_weights, pause, using
 

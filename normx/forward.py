@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 import torch
 
 from .adapters import Adapter
-from .capture import capture
 from .errors import InvalidInputError
+from .hooks import capture
 from .targets import LabelSpace
 
 

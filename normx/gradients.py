@@ -31,8 +31,8 @@ import numpy as np
 import torch
 
 from .adapters import Adapter
-from .capture import output_tensor
 from .errors import InvalidInputError
+from .hooks import output_tensor
 from .methods import Context, Method, Option, register_method
 from .sharing import pause
 

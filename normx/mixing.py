@@ -26,7 +26,7 @@ Evidence Alignment") reads GlobEnc's per-layer N_Enc norms, ALTI's per-layer nor
 Zeroing's per-layer scores at the mask token, without rollout.
 
 Everything comes from the model's own modules on the real forward pass: forward hooks (registered and removed in
-try/finally, like :func:`normx.capture.capture`) record each block's input and output, the value projection's output,
+try/finally, like :func:`normx.hooks.capture`) record each block's input and output, the value projection's output,
 the attention probabilities and both LayerNorms' inputs; LayerNorm statistics are the real ones (biased variance +
 eps, as ``nn.LayerNorm``). The output projection's linear part is ``dense(I) - dense(0)`` of the model's own (possibly
 LoRA-wrapped) module, so PEFT adapters count with their effective weights. GlobEnc and ALTI need the attention
@@ -48,8 +48,8 @@ from tqdm.auto import tqdm
 
 from .adapters import Adapter, active_module, get_adapter, registered_adapters, unwrap_model
 from .adapters.encoder import BlockLayout
-from .capture import Call, output_tensor, record_calls, replace_outputs
 from .errors import InvalidInputError, UnsupportedModelError
+from .hooks import Call, output_tensor, record_calls, replace_outputs
 from .inputs import as_text_list, collate, encode, pad_token_id, resolve_max_length
 from .methods import Context, Method, Option, register_method
 from .sharing import attention_weights, pause, using

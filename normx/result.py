@@ -19,6 +19,9 @@ class Explanation:
     ``groups[j]`` lists the subword-token indices that unit ``j`` covers (``[j]`` at token level).
     ``diagnostics`` holds what a method reports besides scores, each a list with one value per label (e.g.
     ``integrated_gradients``' ``convergence_delta``: sum of attributions minus (f(x) - f(baseline))).
+    ``kind`` is the head (``"sequence_classification"``, ``"masked_lm"``, ``"causal_lm"``), ``regression`` whether
+    it predicts a score, ``family`` the model family (its adapter's), ``pooled`` the index of the unit whose head
+    output is the prediction ([CLS], the last token, the mask token; None once that unit is dropped).
     """
 
     text: str
@@ -38,6 +41,15 @@ class Explanation:
     unit: str = "token"
     groups: list[list[int]] = field(default_factory=list)
     diagnostics: dict = field(default_factory=dict)
+    kind: str = "sequence_classification"
+    regression: bool = False
+    family: str = ""
+    pooled: int | None = None
+
+    @property
+    def vocabulary(self) -> bool:
+        """The labels are vocabulary tokens (masked- or causal-LM heads)."""
+        return self.kind in ("masked_lm", "causal_lm")
 
     def __post_init__(self):
         expected = (len(self.labels), len(self.layers), len(self.tokens))
@@ -90,6 +102,7 @@ class Explanation:
             self, tokens=[self.tokens[i] for i in keep], offsets=[self.offsets[i] for i in keep],
             segments=[self.segments[i] for i in keep], special=[self.special[i] for i in keep],
             scores=self.scores[:, :, keep], groups=[self.groups[i] for i in keep],
+            pooled=keep.index(self.pooled) if self.pooled in keep else None,
         )
 
     # ---- export ----------------------------------------------------------------------------------------------------
@@ -115,6 +128,10 @@ class Explanation:
             "prediction": self.prediction if isinstance(self.prediction, str) else float(self.prediction),
             "probabilities": {k: float(v) for k, v in self.probabilities.items()},
             "method": self.method,
+            "kind": self.kind,
+            "regression": self.regression,
+            "family": self.family,
+            "pooled": self.pooled,
             "settings": _plain(self.settings),
             "warnings": list(self.warnings),
             "groups": [list(g) for g in self.groups],

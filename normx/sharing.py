@@ -3,7 +3,7 @@
 A model is shared by threads (a web demo, a server, a notebook with a thread pool). Three things normx does could
 be seen by other callers, and each is handled at the level where it happens:
 
-- **Forward hooks** (:mod:`normx.capture`) act only for the thread that registered them: another thread's forward
+- **Forward hooks** (:mod:`normx.hooks`) act only for the thread that registered them: another thread's forward
   pass through the same module runs them as no-ops. Captures of different threads never mix.
 - **Model-wide switches**: eval mode for a model left in training mode, and eager attention for the passes that
   read attention probabilities (DecompX, GlobEnc, ALTI). Every stretch of normx work on a model holds the model's

@@ -72,6 +72,7 @@ def to_words(explanation: Explanation, how: str = "sum") -> Explanation:
     scores = np.stack([AGGREGATIONS[how](explanation.scores[:, :, m]) for m in groups], axis=-1)
     return replace(explanation, tokens=tokens, offsets=offsets, segments=segments, special=special,
                    scores=scores.astype(explanation.scores.dtype), groups=groups, unit="word",
+                   pooled=next((j for j, members in enumerate(groups) if explanation.pooled in members), None),
                    settings=dict(explanation.settings, word_aggregation=how))
 
 

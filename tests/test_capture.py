@@ -10,8 +10,8 @@ import transformers
 import normx
 import normx.adapters
 from normx.adapters import Adapter
-from normx.capture import capture, record_calls, replace_outputs
 from normx.errors import HookNotFiredError, UnknownTargetError
+from normx.hooks import capture, record_calls, replace_outputs
 from normx.sharing import attention_weights, model_lock, using
 
 # fresh models: the transformers `output_hidden_states` machinery installs its own (permanent) hooks on models that

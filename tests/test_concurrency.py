@@ -18,7 +18,7 @@ import tiny
 import torch
 
 import normx
-from normx.capture import capture
+from normx.hooks import capture
 from normx.sharing import ModelLock, model_lock
 
 LONG = " ".join(["the film was a gripping story and"] * 12)  # over the tiny models' 64 positions: truncated

@@ -340,7 +340,7 @@ def test_method_scores_sum_to_the_heads_output_at_every_layer():
     model, tokenizer = build("ElectraForSequenceClassification")
     for exp in normx.explain(model, tokenizer, TEXTS, method="decompx", target="all", layer="all"):
         logat = normx.explain(model, tokenizer, exp.text, method="logat", target="all", layer="all")
-        pooled = exp.settings["pooled_index"]
+        pooled = exp.pooled
         # the scores of layer l sum to the model's head on x^l of the pooled token (LogAt at the pooled position)
         np.testing.assert_allclose(exp.scores.sum(-1), logat.scores[:, :, pooled], atol=TOL)
         assert max(exp.diagnostics["decomposition_error"]) < TOL

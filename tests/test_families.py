@@ -266,7 +266,7 @@ def check_parity(model, tokenizer, case: Case, texts: list[str], pairs: list[str
         ref = reference(model, tokenizer, case, text, None if pairs is None else pairs[i])
         probs = ref.logits.softmax(-1)
         assert exp.prediction == label_name(case, tokenizer, int(ref.logits.argmax()))
-        assert exp.settings["pooled_index"] == ref.pooled
+        assert exp.pooled == ref.pooled
         if case.kind == "sequence_classification":
             assert set(exp.probabilities) == set(ID2LABEL.values())
         else:
@@ -393,7 +393,7 @@ def test_batch_and_padding_invariance(case, side, monkeypatch):
                 assert other.tokens == single.tokens
                 assert other.labels == single.labels
                 assert other.prediction == single.prediction
-                assert other.settings["pooled_index"] == single.settings["pooled_index"]
+                assert other.pooled == single.pooled
                 np.testing.assert_allclose(other.scores, single.scores, atol=ATOL, rtol=RTOL)
                 for name, p in single.probabilities.items():
                     assert other.probabilities[name] == pytest.approx(p, abs=1e-6)
@@ -477,7 +477,7 @@ def test_regression_reference(case_id, monkeypatch):
             ref = reference(model, tokenizer, case, text)
             assert exp.labels == ["score"]
             assert exp.probabilities == {}
-            assert exp.settings["regression"] is True
+            assert exp.regression is True
             assert isinstance(exp.prediction, float)
             assert exp.prediction == pytest.approx(float(ref.logits[0]), abs=PARITY_ATOL)
             want = expected(ref, method, layers, [0], regression=True)

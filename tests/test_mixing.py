@@ -313,7 +313,7 @@ def test_registered_method_reads_the_pooled_row(case_id, method):
         explanations = normx.explain(model, tokenizer, texts, method=method, layer="all", **options)
         for e, text in zip(explanations, texts):
             maps = our_maps(model, tokenizer, text, method, rollout=rollout)
-            pooled = e.settings["pooled_index"]
+            pooled = e.pooled
             if case_id.endswith("MaskedLM"):
                 assert e.tokens[pooled] == tokenizer.mask_token and pooled > 0
             else:

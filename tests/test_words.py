@@ -69,3 +69,21 @@ def test_pair_words_keep_segments():
     assert [t for t, s in zip(w.tokens, w.segments) if s == 0] == ["A", "man", "plays", "."]
     assert [t for t, s in zip(w.tokens, w.segments) if s == 1] == ["Someone", "is", "playing", "."]
     assert sum(w.special) == 3  # [CLS] and two [SEP]
+
+
+def test_typed_fields_follow_every_view():
+    import tiny
+
+    import normx
+
+    model, tokenizer = tiny.build("BertForSequenceClassification")
+    e = normx.explain(model, tokenizer, "the film was a gripping story")
+    assert (e.kind, e.regression, e.family, e.pooled) == ("sequence_classification", False, "bert", 0)
+    assert e.tokens[e.pooled] == "[CLS]" and not e.vocabulary
+    assert e.words().pooled == 0 and e.words().tokens[0] == "[CLS]"
+    assert e.without_special().pooled is None  # the pooled [CLS] is a special token
+    decoder, decoder_tokenizer = tiny.build("LlamaForCausalLM")
+    d = normx.explain(decoder, decoder_tokenizer, "the film was a gripping story")
+    assert d.kind == "causal_lm" and d.vocabulary and d.pooled == len(d.tokens) - 1
+    assert d.without_special().pooled == len(d.without_special().tokens) - 1
+    assert {"kind", "regression", "family", "pooled"} <= set(e.to_dict()) and "kind" not in e.settings

@@ -485,7 +485,7 @@ def _aligned_items(encoded, explanations, items: list[Item] | None, method: str)
     exactly the tokens that are perturbed (same ids -> same tokens, same length, same pooled token)."""
     out = []
     for index, (enc, exp) in enumerate(zip(encoded, explanations)):
-        pooled = int(exp.settings["pooled_index"])
+        pooled = int(exp.pooled)
         if list(exp.tokens) != list(enc.tokens) or exp.scores.shape[-1] != len(enc.ids):
             raise NormxError(f"method {method!r}: the explanation of example {index} covers the tokens "
                              f"{exp.tokens} but the perturbed input has {enc.tokens}; they must align")

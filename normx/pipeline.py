@@ -1,9 +1,11 @@
-"""``normx.explain``: attributions for texts (or text pairs) from one forward pass per batch."""
+"""The explanation pipeline behind ``normx.explain``: check and resolve the arguments (:func:`prepare`), encode and
+batch the texts, attribute each batch (:func:`attribute_batch`: one forward pass), build the results."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import overload
 
 import numpy as np
 import torch
@@ -19,6 +21,19 @@ from .targets import LabelSpace
 
 EMBEDDINGS = ("layer", "word")
 TOP_TOKENS = 5  # vocabulary heads report the probabilities of this many top tokens
+
+
+@overload
+def explain(model, tokenizer, texts: str, method: str = ..., target=..., layer: int | str | Sequence[int] | None = ...,
+            *, text_pair: str | None = ..., foil=..., embedding: str = ..., batch_size: int = ...,
+            truncation: str = ..., max_length: int | None = ..., **options) -> Explanation: ...
+
+
+@overload
+def explain(model, tokenizer, texts: Sequence[str], method: str = ..., target=...,
+            layer: int | str | Sequence[int] | None = ..., *, text_pair: Sequence[str] | None = ..., foil=...,
+            embedding: str = ..., batch_size: int = ..., truncation: str = ..., max_length: int | None = ...,
+            **options) -> list[Explanation]: ...
 
 
 def explain(model, tokenizer, texts: str | Sequence[str], method: str = "normxlogit", target=None,
@@ -72,8 +87,7 @@ def explain(model, tokenizer, texts: str | Sequence[str], method: str = "normxlo
 
     settings = {
         "method": plan.method.name, "target": target, "foil": foil, "layer": layer, "embedding": embedding,
-        "model_class": type(base).__name__, "family": adapter.family, "kind": adapter.kind,
-        "regression": plan.labels.regression, "peft": base is not model, "max_length": limit,
+        "model_class": type(base).__name__, "peft": base is not model, "max_length": limit,
         "dtype": str(next(base.parameters()).dtype).replace("torch.", ""), "device": str(device),
         "label_dependent": plan.method.label_dependent, **plan.options,
     }
@@ -91,8 +105,7 @@ def explain(model, tokenizer, texts: str | Sequence[str], method: str = "normxlo
         for row, item in enumerate(items):
             keep = np.flatnonzero(mask[row])
             results.append(_explanation(item, scores[row][:, :, keep], plan.labels, columns[row], plan.layers,
-                                        logits[row], plan.method.name, dict(settings, pooled_index=int(
-                                            pooled[row] - keep[0])),
+                                        logits[row], plan, settings, int(pooled[row] - keep[0]),
                                         {name: value[row].tolist() for name, value in diagnostics.items()}))
     return results[0] if single else results
 
@@ -227,7 +240,7 @@ def _target_columns(labels: LabelSpace, logits: torch.Tensor, requested: list[in
 
 
 def _explanation(item: Encoded, scores: np.ndarray, labels: LabelSpace, columns: list[int], layers: list[int],
-                 logits: torch.Tensor, method: str, settings: dict, diagnostics: dict) -> Explanation:
+                 logits: torch.Tensor, plan: Plan, settings: dict, pooled: int, diagnostics: dict) -> Explanation:
     if labels.regression:
         prediction, probabilities = float(logits[0]), {}
     else:
@@ -243,6 +256,7 @@ def _explanation(item: Encoded, scores: np.ndarray, labels: LabelSpace, columns:
     return Explanation(
         text=item.text, text_pair=item.text_pair, tokens=item.tokens, offsets=item.offsets, segments=item.segments,
         special=item.special, scores=scores, labels=[labels.name(c) for c in columns], layers=list(layers),
-        prediction=prediction, probabilities=probabilities, method=method, settings=settings,
-        warnings=list(item.warnings), diagnostics=diagnostics,
+        prediction=prediction, probabilities=probabilities, method=plan.method.name, settings=settings,
+        warnings=list(item.warnings), diagnostics=diagnostics, kind=plan.adapter.kind, regression=labels.regression,
+        family=plan.adapter.family, pooled=pooled,
     )
