@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..errors import InvalidInputError
 
-EXPERIMENTS = ("faithfulness", "blimp")
+EXPERIMENTS = {"faithfulness": "faithfulness_cli", "blimp": "blimp"}  # experiment -> module with add_parser
 
 
 def add_evaluate_parser(sub) -> argparse.ArgumentParser:
@@ -20,8 +20,8 @@ def add_evaluate_parser(sub) -> argparse.ArgumentParser:
 
     parser = sub.add_parser("evaluate", help="evaluate explanations: " + ", ".join(EXPERIMENTS))
     experiments = parser.add_subparsers(dest="experiment", required=True)
-    for name in EXPERIMENTS:
-        importlib.import_module(f"{__package__}.{name}").add_parser(experiments)
+    for module in EXPERIMENTS.values():
+        importlib.import_module(f"{__package__}.{module}").add_parser(experiments)
     return parser
 
 
