@@ -271,8 +271,8 @@ def test_curves_match_metrics_recomputed_from_explain(data):
     model, tokenizer = tiny.build("BertForMaskedLM")
     result = blimp.evaluate_blimp(model, tokenizer, ["ana", "dnaa"], ["logat", "l2norm"], data=data,
                                   progress=False)
-    assert result["setting"] == "masked" and result["layers"] == [0, 1, 2]
-    assert set(result["curves"]["dp"]) == {"ana", "dnaa", "all"}
+    assert result.setting == "masked" and result.layers == [0, 1, 2]
+    assert set(result.curves["dp"]) == {"ana", "dnaa", "all"}
     # recompute LogAt(foil) AP for ana from explain by hand
     items, _, _ = blimp.prepare(_pairs("ana"), tokenizer, "masked_lm")
     aps = []
@@ -280,29 +280,30 @@ def test_curves_match_metrics_recomputed_from_explain(data):
         explanation = normx.explain(model, tokenizer, item.text, method="logat", target=item.foil_id, layer="all")
         evidence_at, exclude = blimp.positions(explanation, item, tokenizer.mask_token)
         aps.append(average_precision(explanation.scores[0], evidence_at, exclude))
-    curve = result["curves"]["ap"]["ana"]["logat_foil"]
+    curve = result.curves["ap"]["ana"]["logat_foil"]
     assert curve["n"] == len(items)
     np.testing.assert_allclose(curve["mean"], np.mean(aps, axis=0), rtol=1e-5)
-    pooled = result["curves"]["dp"]["all"]["l2norm"]
-    assert pooled["n"] == result["curves"]["dp"]["ana"]["l2norm"]["n"] + result["curves"]["dp"]["dnaa"]["l2norm"]["n"]
+    pooled = result.curves["dp"]["all"]["l2norm"]
+    assert pooled["n"] == result.curves["dp"]["ana"]["l2norm"]["n"] + result.curves["dp"]["dnaa"]["l2norm"]["n"]
 
 
 def test_methods_that_do_not_fit_the_model_are_not_applicable(data, monkeypatch):
     from normx import methods
 
-    def unsupported(ctx):
-        raise normx.UnsupportedModelError("this test method supports no model")
+    def never(ctx):
+        raise AssertionError("never run: the method says what it supports")
 
-    monkeypatch.setitem(methods._METHODS, "nothing", methods.Method("nothing", unsupported, "test"))
+    monkeypatch.setitem(methods._METHODS, "nothing", methods.Method(
+        "nothing", never, "test", supports=lambda adapter: "this test method supports no model"))
     model, tokenizer = tiny.build("GPT2LMHeadModel")
     result = blimp.evaluate_blimp(model, tokenizer, ["ana"], ["nothing", "random"], data=data, progress=False)
-    assert result["setting"] == "causal" and result["coverage"]["ana"]["evaluated"] > 0
-    assert result["methods"]["nothing"]["status"] == "not applicable"
-    assert "supports no model" in result["methods"]["nothing"]["reason"]
-    assert "nothing" not in result["curves"]["dp"]["ana"]
-    assert result["methods"]["random"] == {"status": "ok", "layered": False}
-    curve = result["curves"]["ap"]["ana"]["random"]["mean"]
-    assert len(curve) == len(result["layers"]) == 3 and len(set(curve)) == 1  # no layers: one flat value
+    assert result.setting == "causal" and result.coverage["ana"]["evaluated"] > 0
+    assert result.methods["nothing"]["status"] == "not applicable"
+    assert "supports no model" in result.methods["nothing"]["reason"]
+    assert "nothing" not in result.curves["dp"]["ana"]
+    assert result.methods["random"] == {"status": "ok", "layered": False}
+    curve = result.curves["ap"]["ana"]["random"]["mean"]
+    assert len(curve) == len(result.layers) == 3 and len(set(curve)) == 1  # no layers: one flat value
 
 
 def test_input_errors(data):
@@ -331,8 +332,8 @@ def test_evaluate_on_the_held_out_split(data):
     model, tokenizer = tiny.build("BertForMaskedLM")
     result = blimp.evaluate_blimp(model, tokenizer, ["ana"], ["l2norm"], data=data, split="dev", progress=False)
     held_out = blimp.split_pairs(_pairs("ana"), "dev")
-    assert result["coverage"]["ana"]["split"] == "dev" and result["settings"]["split"] == "dev"
-    assert result["coverage"]["ana"]["sampled"] == len(held_out) == 2  # 6 hand-checked ana pairs: 4 train, 2 dev
+    assert result.coverage["ana"]["split"] == "dev" and result.settings["split"] == "dev"
+    assert result.coverage["ana"]["sampled"] == len(held_out) == 2  # 6 hand-checked ana pairs: 4 train, 2 dev
     with pytest.raises(InvalidInputError, match="unknown split 'test'"):
         blimp.evaluate_blimp(model, tokenizer, ["ana"], data=data, split="test", progress=False)
 
@@ -350,9 +351,9 @@ def test_cli_writes_every_output(data, tmp_path):
     assert main(args) == 0
     names = {p.name for p in out.iterdir()}
     assert names == {"blimp.json", "curves.csv", "summary.csv", "coverage.csv", "dp.png", "ap.png"}
-    result = json.loads((out / "blimp.json").read_text())
-    assert result["model"] == "RobertaForMaskedLM" and result["settings"]["limit"] == 2
-    assert result["coverage"]["ana"]["sampled"] == 2 and result["coverage"]["ana"]["covered_by_rules"] == 6
+    result = blimp.BlimpReport.from_dict(json.loads((out / "blimp.json").read_text()))  # reads back
+    assert result.model == "RobertaForMaskedLM" and result.settings["limit"] == 2
+    assert result.coverage["ana"]["sampled"] == 2 and result.coverage["ana"]["covered_by_rules"] == 6
     with open(out / "curves.csv") as handle:
         rows = list(csv.DictReader(handle))
     curves = {(r["paradigm"], r["curve"], r["metric"]) for r in rows}
@@ -371,12 +372,12 @@ def test_smollm2_causal_setting_on_a_few_pairs(tmp_path):
     model, tokenizer = normx.load_model("smollm2")
     result = blimp.evaluate_blimp(model, tokenizer, ["ana", "darn"], ["logat", "normxlogit", "l2norm"],
                                   data=SHARED, limit=4, progress=False)
-    assert result["setting"] == "causal" and result["layers"] == list(range(31))
+    assert result.setting == "causal" and result.layers == list(range(31))
     for key in ("ana", "darn"):
-        assert result["coverage"][key]["evaluated"] == 4
+        assert result.coverage[key]["evaluated"] == 4
         for metric in ("dp", "ap"):
             for curve in ("logat_target", "logat_foil", "normxlogit", "l2norm"):
-                values = result["curves"][metric][key][curve]["mean"]
+                values = result.curves[metric][key][curve]["mean"]
                 assert len(values) == 31 and all(0.0 <= v <= 1.0 for v in values)
-    written = blimp.write_outputs(result, tmp_path)
+    written = result.write(tmp_path)
     assert all(p.is_file() for p in written)

@@ -20,32 +20,31 @@ logit of the foil token on each token). Any registered method can be named; thos
 are reported as not applicable. Methods without per-layer scores (``random``, gradients) give one value, drawn as
 a flat line.
 
-Command: ``normx evaluate blimp --model M --paradigms ana dna ... --out DIR`` writes ``blimp.json``,
-``curves.csv``, ``summary.csv``, ``coverage.csv``, ``dp.png`` and ``ap.png``.
+The report is :mod:`~normx.evaluation.blimp_report`; the command, :mod:`~normx.evaluation.blimp_cli`:
+``normx evaluate blimp --model M --paradigms ana dna ... --out DIR`` writes ``blimp.json``, ``curves.csv``,
+``summary.csv``, ``coverage.csv``, ``dp.png`` and ``ap.png``.
 """
 
 from __future__ import annotations
 
-import csv
-import json
 import math
 import random
 import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
 from ..data import held_out_split
 from ..errors import InvalidInputError, NormxError
-from ..methods import display_name
+from ..methods import get_method, list_methods
 from . import evidence as ev
 from .alignment import average_precision, dot_product
-from .commands import add_names_argument, names, output_folder
+from .blimp_report import METRICS, BlimpReport, curve_names
 
-METRICS = {"dp": "Dot Product", "ap": "Average Precision"}
+__all__ = ["BlimpReport", "evaluate_blimp", "prepare", "resolve_methods", "split_pairs"]
+
 SETTINGS = {"masked_lm": "masked", "causal_lm": "causal"}
 SPLITS = ("all", "train", "dev")
 
@@ -152,8 +151,6 @@ def positions(explanation, item: Item, mask_token: str | None) -> tuple[list[int
 def resolve_methods(names: Sequence[str] | None) -> list[str]:
     """Method names to run (default: LogAt, NormXLogit, l2, random and whichever decomposition baselines are
     registered); unknown names raise, listing the registered ones."""
-    from ..methods import get_method, list_methods
-
     if names is None:
         # every method with per-layer scores, and the label-independent baselines (random): not the gradients
         names = [m for m in list_methods() if get_method(m).layered or not get_method(m).label_dependent]
@@ -165,23 +162,11 @@ def resolve_methods(names: Sequence[str] | None) -> list[str]:
     return names
 
 
-def curve_label(curve: str) -> str:
-    """A curve's name in figures: the method's display name, with (target) / (foil) for LogAt's two curves."""
-    for side in ("target", "foil"):
-        if curve.endswith(f"_{side}"):
-            return f"{display_name(curve.removesuffix(f'_{side}'))}({side})"
-    return display_name(curve)
-
-
-def curve_names(method: str) -> list[str]:
-    return ["logat_target", "logat_foil"] if method == "logat" else [method]
 
 
 def _explain_batch(model, tokenizer, method, items: list[Item], seed: int) -> dict[str, list[tuple]]:
     """Scores [layers, tokens] of each item for each of the method's curves, with the explanations."""
     import normx
-
-    from ..methods import get_method
 
     spec = get_method(method)
     options = {"seed": seed} if "seed" in spec.options else {}
@@ -208,8 +193,9 @@ def _explain_batch(model, tokenizer, method, items: list[Item], seed: int) -> di
 
 def evaluate_blimp(model, tokenizer, paradigms: Sequence[str] = ev.DEFAULT_PARADIGMS,
                    methods: Sequence[str] | None = None, *, data=None, split: str = "all",
-                   limit: int | None = None, seed: int = 0, batch_size: int = 16, progress: bool = True) -> dict:
-    """Run the evidence-alignment experiment; returns a JSON-ready dict (see :func:`write_outputs`).
+                   limit: int | None = None, seed: int = 0, batch_size: int = 16, progress: bool = True
+                   ) -> BlimpReport:
+    """Run the evidence-alignment experiment (:class:`~normx.evaluation.blimp_report.BlimpReport`).
 
     ``split``: ``"all"`` covered pairs, or the seeded ``"train"`` / held-out ``"dev"`` part of each paradigm
     (:func:`split_pairs`; a model fine-tuned on BLiMP, like the ``minilm-blimp`` preset, is evaluated on ``"dev"``).
@@ -238,8 +224,6 @@ def evaluate_blimp(model, tokenizer, paradigms: Sequence[str] = ev.DEFAULT_PARAD
         raise InvalidInputError(f"no paradigms given; choose from {', '.join(ev.PARADIGMS)}")
     methods = resolve_methods(methods)
     mask_token = tokenizer.mask_token if adapter.kind == "masked_lm" else None
-
-    from ..methods import get_method
 
     status = {m: {"status": "ok", "layered": get_method(m).layered} for m in methods}
     values: dict[str, dict[str, dict[str, list[np.ndarray]]]] = {}  # paradigm -> curve -> metric -> per-pair rows
@@ -270,14 +254,13 @@ def evaluate_blimp(model, tokenizer, paradigms: Sequence[str] = ev.DEFAULT_PARAD
         timings[paradigm.key] = round(time.perf_counter() - started, 2)
 
     curves = _aggregate(values, layers)
-    return {
-        "model": type(base).__name__, "setting": SETTINGS[adapter.kind], "layers": layers,
-        "paradigms": [p.key for p in chosen], "methods": status, "coverage": coverage, "curves": curves,
-        "summary": _summarise(curves, layers),
-        "settings": {"split": split, "limit": limit, "seed": seed, "batch_size": batch_size, "seconds": timings,
-                     "dtype": str(next(base.parameters()).dtype).replace("torch.", ""),
-                     "device": str(next(base.parameters()).device)},
-    }
+    return BlimpReport(
+        model=type(base).__name__, setting=SETTINGS[adapter.kind], layers=layers,
+        paradigms=[p.key for p in chosen], methods=status, coverage=coverage, curves=curves,
+        summary=_summarise(curves, layers),
+        settings={"split": split, "limit": limit, "seed": seed, "batch_size": batch_size, "seconds": timings,
+                  "dtype": str(next(base.parameters()).dtype).replace("torch.", ""),
+                  "device": str(next(base.parameters()).device)})
 
 
 def _score(model, tokenizer, items: list[Item], methods: list[str], status: dict, values: dict,
@@ -289,6 +272,12 @@ def _score(model, tokenizer, items: list[Item], methods: list[str], status: dict
     found: dict[int, tuple[list[int], list[int]] | None] = {}
     batches = [items[i:i + batch_size] for i in range(0, len(items), batch_size)]
     for method in methods:
+        reason = get_method(method).unsupported(model) if status[method]["status"] == "ok" else None
+        if reason is not None:  # what a method supports is on the method
+            status[method] = {"status": "not applicable", "reason": reason, "layered": None}
+            for stored in [per_curve, *values.values()]:
+                for name in curve_names(method):
+                    stored.pop(name, None)
         for batch_index, batch in enumerate(batches):
             if status[method]["status"] != "ok":
                 bar.update(len(batches) - batch_index)
@@ -365,139 +354,10 @@ def _summarise(curves: dict, layers: list[int]) -> list[dict]:
 
 # ---- outputs -----------------------------------------------------------------------------------------------------
 
-def write_outputs(result: dict, out: str | Path, plots: bool = True) -> list[Path]:
-    """``blimp.json`` (everything), ``curves.csv``, ``summary.csv``, ``coverage.csv`` and, with ``plots``,
-    ``dp.png`` / ``ap.png`` (mean alignment vs layer, one line per method, one panel per paradigm)."""
-    folder = Path(out)
-    folder.mkdir(parents=True, exist_ok=True)
-    written = [folder / "blimp.json", folder / "curves.csv", folder / "summary.csv", folder / "coverage.csv"]
-    written[0].write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
-    layers = result["layers"]
-    with open(written[1], "w", newline="", encoding="utf-8") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(["paradigm", "curve", "metric", "layer", "mean", "sem", "n"])
-        for metric, groups in result["curves"].items():
-            for group, per_curve in groups.items():
-                for name, stats in per_curve.items():
-                    for layer, mean, sem in zip(layers, stats["mean"], stats["sem"]):
-                        writer.writerow([group, name, metric, layer, f"{mean:.6f}",
-                                         "" if sem is None else f"{sem:.6f}", stats["n"]])
-    _write_rows(written[2], result["summary"])
-    _write_rows(written[3], [
-        {"paradigm": key, "uid": c["uid"], "pairs": c["pairs"], "covered_by_rules": c["covered_by_rules"],
-         "split": c["split"], "sampled": c["sampled"], "evaluated": c["evaluated"],
-         "skipped_for_model": "; ".join(f"{k}: {v}" for k, v in c["skipped_for_model"].items())}
-        for key, c in result["coverage"].items()])
-    if plots:
-        for metric in METRICS:
-            written.append(plot(result, metric, folder / f"{metric}.png"))
-    return written
 
-
-def _write_rows(file: Path, rows: list[dict]) -> None:
-    with open(file, "w", newline="", encoding="utf-8") as handle:
-        if not rows:
-            return
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({k: f"{v:.6f}" if isinstance(v, float) else v for k, v in row.items()})
-
-
-def plot(result: dict, metric: str, file: str | Path) -> Path:
-    """Mean ``metric`` ("dp" or "ap") vs layer, one line per curve, one panel per paradigm (+ "all")."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    groups = result["curves"][metric]
-    order = [g for g in result["paradigms"] if g in groups] + (["all"] if "all" in groups else [])
-    if not order:
-        raise InvalidInputError(f"no {metric} curves to plot: no pair was evaluated")
-    names = list(dict.fromkeys(n for g in order for n in groups[g]))
-    colours = {name: plt.get_cmap("tab10")(i % 10) for i, name in enumerate(names)}
-    flat = {m for m, s in result["methods"].items() if s.get("layered") is False}
-    columns = min(3, len(order))
-    rows = math.ceil(len(order) / columns)
-    fig, axes = plt.subplots(rows, columns, figsize=(4.6 * columns, 3.6 * rows), squeeze=False)
-    layers = result["layers"]
-    for ax, group in zip(axes.flat, order):
-        for name in names:
-            if name not in groups[group]:
-                continue
-            stats = groups[group][name]
-            dashed = name in flat
-            ax.plot(layers, stats["mean"], color=colours[name], linestyle="--" if dashed else "-",
-                    marker=None if dashed else "o", markersize=3, linewidth=1.4, label=curve_label(name))
-        n = max(s["n"] for s in groups[group].values())
-        ax.set_title(f"{group} (n={n})")
-        ax.set_xlabel("layer")
-        ax.set_ylabel(f"mean {metric.upper()}")
-        ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(order):]:
-        ax.axis("off")
-    handles, labels = axes.flat[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 6), frameon=False)
-    fig.suptitle(f"BLiMP evidence alignment: {METRICS[metric]} ({result['model']}, {result['setting']} LM)")
-    fig.tight_layout(rect=(0, 0.08, 1, 0.95))
-    fig.savefig(file, dpi=120)
-    plt.close(fig)
-    return Path(file)
 
 
 # ---- command line ------------------------------------------------------------------------------------------------
 
-def add_parser(subparsers):
-    parser = subparsers.add_parser(
-        "blimp", help="evidence alignment on BLiMP (Dot Product, Average Precision per layer)",
-        description="Per-layer alignment of attributions with the evidence word of BLiMP minimal pairs, for a "
-                    "masked-LM or causal-LM model.")
-    parser.add_argument("--model", required=True, help="a preset (e.g. smollm2), a model folder or a hub id")
-    add_names_argument(parser, "--paradigms", f"BLiMP paradigms: {', '.join(ev.PARADIGMS)} (default: "
-                                              f"{' '.join(ev.DEFAULT_PARADIGMS)})")
-    add_names_argument(parser, "--methods", "registered methods (`normx methods`); default: logat (target and foil "
-                                            "curves), normxlogit, l2norm, random and the registered decomposition "
-                                            "baselines")
-    parser.add_argument("--data", default=None, help="data folder holding blimp/ (default: $NORMX_DATA, else the "
-                                                     "hub when online)")
-    parser.add_argument("--split", choices=SPLITS, default="all",
-                        help="which pairs of each paradigm: all, or the seeded 70%% train part / the held-out 30%% "
-                             "dev part (evaluate a model fine-tuned on BLiMP, e.g. minilm-blimp, on dev)")
-    parser.add_argument("--limit", type=int, default=None, help="at most N covered pairs per paradigm (a seeded "
-                                                                 "sample); default: all")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the --limit sample and of `random`")
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--out", required=True, help="output folder")
-    parser.add_argument("--no-plots", action="store_true")
-    parser.add_argument("--no-progress", action="store_true")
-    parser.set_defaults(func=_run)
-    return parser
 
 
-def _run(args) -> int:
-    import normx
-
-    output_folder(args.out)
-    model, tokenizer = normx.load_model(args.model)
-    paradigms = names(args.paradigms) or list(ev.DEFAULT_PARADIGMS)
-    result = evaluate_blimp(model, tokenizer, paradigms, names(args.methods), data=args.data, split=args.split,
-                            limit=args.limit, seed=args.seed, batch_size=args.batch_size,
-                            progress=not args.no_progress)
-    result["settings"]["model"] = args.model
-    for file in write_outputs(result, args.out, plots=not args.no_plots):
-        print(file)
-    _print_table(result)
-    return 0
-
-
-def _print_table(result: dict) -> None:
-    """The pooled (or single-paradigm) mean over layers and best layer of each curve."""
-    group = "all" if len(result["paradigms"]) > 1 else result["paradigms"][0]
-    rows = [r for r in result["summary"] if r["paradigm"] == group]
-    if not rows:
-        return
-    print(f"\n{group}: {'curve':<16} {'metric':<6} {'mean':>7} {'best':>7} {'@layer':>6} {'last':>7}")
-    for r in sorted(rows, key=lambda r: (r["metric"], r["curve"])):
-        print(f"{'':<{len(group) + 2}}{r['curve']:<16} {r['metric']:<6} {r['mean_over_layers']:7.3f} "
-              f"{r['best']:7.3f} {r['best_layer']:>6} {r['last_layer']:7.3f}")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..errors import InvalidInputError
 
-EXPERIMENTS = {"faithfulness": "faithfulness_cli", "blimp": "blimp"}  # experiment -> module with add_parser
+EXPERIMENTS = {"faithfulness": "faithfulness_cli", "blimp": "blimp_cli"}  # experiment -> module with add_parser
 
 
 def add_evaluate_parser(sub) -> argparse.ArgumentParser:

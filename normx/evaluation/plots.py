@@ -8,6 +8,7 @@ matplotlib is imported lazily (``pip install 'normx[eval]'``); the figures are d
 from __future__ import annotations
 
 import io
+import math
 from pathlib import Path
 
 from ..methods import display_name
@@ -85,3 +86,45 @@ def _colors(n: int) -> list:
 
     cmap = colormaps["tab10" if n <= 10 else "tab20"]
     return [cmap(i % cmap.N) for i in range(n)]
+
+
+def plot_blimp(report, metric: str, file: str | Path) -> Path:
+    """Mean ``metric`` ("dp" or "ap") vs layer, one line per curve, one panel per paradigm (+ "all")."""
+    from matplotlib import colormaps
+    from matplotlib.figure import Figure
+
+    from .blimp_report import METRICS, curve_label
+
+    groups = report.curves[metric]
+    order = [g for g in report.paradigms if g in groups] + (["all"] if "all" in groups else [])
+    if not order:
+        raise ValueError(f"no {metric} curves to plot: no pair was evaluated")
+    names = list(dict.fromkeys(n for g in order for n in groups[g]))
+    colours = {name: colormaps["tab10"](i % 10) for i, name in enumerate(names)}
+    flat = {m for m, s in report.methods.items() if s.get("layered") is False}
+    columns = min(3, len(order))
+    rows = math.ceil(len(order) / columns)
+    fig = Figure(figsize=(4.6 * columns, 3.6 * rows))
+    axes = fig.subplots(rows, columns, squeeze=False)
+    layers = report.layers
+    for ax, group in zip(axes.flat, order):
+        for name in names:
+            if name not in groups[group]:
+                continue
+            stats = groups[group][name]
+            dashed = name in flat
+            ax.plot(layers, stats["mean"], color=colours[name], linestyle="--" if dashed else "-",
+                    marker=None if dashed else "o", markersize=3, linewidth=1.4, label=curve_label(name))
+        n = max(s["n"] for s in groups[group].values())
+        ax.set_title(f"{group} (n={n})")
+        ax.set_xlabel("layer")
+        ax.set_ylabel(f"mean {metric.upper()}")
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(order):]:
+        ax.axis("off")
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 6), frameon=False)
+    fig.suptitle(f"BLiMP evidence alignment: {METRICS[metric]} ({report.model}, {report.setting} LM)")
+    fig.tight_layout(rect=(0, 0.08, 1, 0.95))
+    fig.savefig(file, dpi=120)
+    return Path(file)
