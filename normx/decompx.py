@@ -57,331 +57,38 @@ model's own logits to the model's rounding (measured on a tiny BERT: bf16 0.018,
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from numbers import Integral
-from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from .adapters import Adapter, active_module, get_adapter, registered_adapters, unwrap_model
-from .adapters.encoder import BlockLayout, Step
-from .errors import InvalidInputError, LayerOutOfRangeError, UnsupportedModelError
-from .hooks import record_calls
+from .decompx_model import (
+    BlockWeights,
+    Recording,
+    _check_model,
+    _family_reason,
+    affine,
+    record,
+    supported_models,
+)
+from .decompx_rules import (
+    BIAS_RULES,
+    CHUNK_ELEMENTS,
+    decompose_head,
+    layer_norm,
+    propagate,
+    share_bias,
+    zo_slope,
+)
+from .errors import InvalidInputError, LayerOutOfRangeError
 from .methods import Context, Method, Option, register_method
-from .sharing import attention_weights, pause, using
+from .sharing import pause, using
 
-BIAS_RULES = ("absdot", "norm", "equal")
-CHUNK_ELEMENTS = 2**24  # float32 values per chunk temporary (64 MiB)
-FAST_FFN_SOURCES = 2  # the FFN goes through per-target H x H matrices when sources * this >= hidden
-
-
-# ---- what DecompX needs of a model: its adapter's encoder block layout and head steps -------------------------
-
-def supported_models() -> list[str]:
-    """Class names DecompX can decompose (PEFT-wrapped versions included): those whose adapter describes its
-    encoder blocks and its head as steps."""
-    return sorted(name for name, adapter in registered_adapters().items() if _family_reason(adapter) is None)
-
-
-def _family_reason(adapter: Adapter) -> str | None:
-    if adapter.encoder_block is None or adapter.head_steps is None:
-        return (f"DecompX decomposes post-LayerNorm BERT-style encoders and their heads, which the {adapter.family} "
-                f"{adapter.kind} adapter does not describe")
-    return None
-
-
-def _unsupported(what: str) -> UnsupportedModelError:
-    return UnsupportedModelError(f"DecompX does not support {what}. It supports the BERT-style encoders "
-                                 f"(post-LayerNorm blocks): {', '.join(supported_models())} (PEFT-wrapped or not).")
-
-
-def _check_model(model: nn.Module) -> tuple[nn.Module, Adapter, list[Step], list[nn.Module]]:
-    base = unwrap_model(model)
-    name = type(base).__name__
-    adapter = get_adapter(base)
-    if _family_reason(adapter) is not None:
-        raise _unsupported(name)
-    if getattr(base.config, "is_decoder", False) or getattr(base.config, "add_cross_attention", False):
-        raise _unsupported(f"{name} configured as a decoder (is_decoder / add_cross_attention)")
-    blocks = adapter.block_modules(base)
-    for block in blocks:
-        missing = adapter.encoder_block.missing(block)
-        if missing is not None:
-            raise _unsupported(f"{name} blocks of type {type(block).__name__} (no {missing})")
-    return base, adapter, adapter.head_steps(base), blocks
-
-
-# ---- the model's effective weights -----------------------------------------------------------------------------------
-
-def affine(module: nn.Module, rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(W [out, in], b [out]) in float32 of an affine module, so that ``module(x) = x W^T + b``.
-
-    A plain nn.Linear gives its parameters; any other affine module (a LoRA-wrapped Linear, ...) is probed:
-    ``b = f(0)``, ``W^T = f(I) - f(0)``, which includes every adapter delta exactly (up to the model dtype's
-    rounding). ``rows`` selects output rows (vocabulary columns of an LM decoder).
-    """
-    module = active_module(module)
-    if type(module) is nn.Linear:
-        weight, bias = module.weight, module.bias
-        if rows is not None:
-            weight = weight[rows]
-            bias = None if bias is None else bias[rows]
-        weight = weight.detach().float()
-        bias = torch.zeros(weight.shape[0], device=weight.device) if bias is None else bias.detach().float()
-        return weight, bias
-    ref = next(module.parameters())
-    size = getattr(module, "in_features", None) or ref.shape[-1]
-    probe = torch.cat([torch.zeros(1, size), torch.eye(size)]).to(device=ref.device, dtype=ref.dtype)
-    with torch.no_grad():
-        out = module(probe).float()
-    bias, weight = out[0], (out[1:] - out[:1]).T
-    if rows is not None:
-        weight, bias = weight[rows], bias[rows]
-    return weight.contiguous(), bias
-
-
-def _layer_norm_parameters(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor, float]:
-    module = active_module(module)
-    if not isinstance(module, nn.LayerNorm):
-        raise _unsupported(f"a {type(module).__name__} where DecompX expects an nn.LayerNorm")
-    if module.weight is None:  # elementwise_affine=False
-        raise _unsupported("a LayerNorm without a learned gain (elementwise_affine=False)")
-    weight = module.weight.detach().float()
-    bias = torch.zeros_like(weight) if module.bias is None else module.bias.detach().float()
-    return weight, bias, float(module.eps)
-
-
-@dataclass
-class BlockWeights:
-    """One encoder block's effective float32 weights."""
-
-    heads: int
-    value: tuple[torch.Tensor, torch.Tensor]
-    attention_out: tuple[torch.Tensor, torch.Tensor]
-    ln1: tuple[torch.Tensor, torch.Tensor, float]
-    ffn_in: tuple[torch.Tensor, torch.Tensor]
-    ffn_out: tuple[torch.Tensor, torch.Tensor]
-    ln2: tuple[torch.Tensor, torch.Tensor, float]
-
-    @classmethod
-    def of(cls, block: nn.Module, layout: BlockLayout) -> BlockWeights:
-        part = layout.parts(block)
-        return cls(heads=int(part["attention"].num_attention_heads), value=affine(part["value"]),
-                   attention_out=affine(part["attention_out"]), ln1=_layer_norm_parameters(part["ln1"]),
-                   ffn_in=affine(part["ffn_in"]), ffn_out=affine(part["ffn_out"]),
-                   ln2=_layer_norm_parameters(part["ln2"]))
-
-
-# ---- the real forward pass -------------------------------------------------------------------------------------------
-
-@dataclass
-class Recording:
-    """What one forward pass of a batch gives DecompX, per block: attention probabilities [B, heads, T, T], the
-    inputs of both LayerNorms [B, T, H], the FFN's pre-activation z and activation f(z) [B, T, I], and the block's
-    output x^l [B, T, H]; plus the embedding output x^0 and the attention mask."""
-
-    mask: torch.Tensor
-    embeddings: torch.Tensor
-    probs: list[torch.Tensor]
-    ln1_in: list[torch.Tensor]
-    pre_act: list[torch.Tensor]
-    act: list[torch.Tensor]
-    ln2_in: list[torch.Tensor]
-    hidden: list[torch.Tensor]
-
-    def layer(self, layer: int) -> torch.Tensor:
-        """x^layer [B, T, H] (0 = embedding output)."""
-        return self.embeddings if layer == 0 else self.hidden[layer - 1]
-
-
-def record(model: nn.Module, inputs: dict[str, torch.Tensor]) -> Recording:
-    """Run the (PEFT-unwrapped) model's encoder once on ``inputs`` with eager attention, in eval mode, and record
-    what DecompX needs. Hooks are removed on exit, success or not; a hook that never fired is an error."""
-    base, adapter, _, blocks = _check_model(model)
-    def first(output):
-        return output[0] if isinstance(output, (tuple, list)) else output
-
-    def second(output):
-        return output[1] if isinstance(output, (tuple, list)) and len(output) > 1 else None
-
-    def same(output):
-        return output
-
-    outputs = {"x0": (adapter.embedding_module(base, "layer"), first)}
-    inputs_of = {}
-    for i, block in enumerate(blocks):
-        part = adapter.encoder_block.parts(block)
-        outputs[f"probs{i}"] = (part["attention"], second)
-        outputs[f"z{i}"] = (part["ffn_in"], same)
-        outputs[f"a{i}"] = (part["ffn_act"], same)
-        outputs[f"h{i}"] = (block, first)
-        inputs_of[f"ln1_{i}"] = part["ln1"]
-        inputs_of[f"ln2_{i}"] = part["ln2"]
-    modules = {**{key: module for key, (module, _) in outputs.items()}, **inputs_of}
-    with attention_weights(base), torch.no_grad(), record_calls(modules) as calls:
-        base.base_model(**inputs)
-    store: dict[str, Any] = {key: pick(calls[key].output) for key, (_, pick) in outputs.items()}
-    store.update({key: calls[key].args[0] for key in inputs_of})
-    n = len(blocks)
-    if any(store[f"probs{i}"] is None for i in range(n)):
-        raise UnsupportedModelError(f"{type(base).__name__}'s self-attention returned no attention probabilities "
-                                    "under eager attention; DecompX needs them")
-    mask = inputs.get("attention_mask")
-    if mask is None:
-        mask = torch.ones(store["x0"].shape[:2], dtype=torch.long, device=store["x0"].device)
-    return Recording(mask=mask, embeddings=store["x0"], probs=[store[f"probs{i}"] for i in range(n)],
-                     ln1_in=[store[f"ln1_{i}"] for i in range(n)], pre_act=[store[f"z{i}"] for i in range(n)],
-                     act=[store[f"a{i}"] for i in range(n)], ln2_in=[store[f"ln2_{i}"] for i in range(n)],
-                     hidden=[store[f"h{i}"] for i in range(n)])
-
-
-# ---- the decomposition rules -----------------------------------------------------------------------------------------
-
-def share_bias(parts: torch.Tensor, bias: torch.Tensor, rule: str = "absdot") -> torch.Tensor:
-    """Add ``bias`` [D] to ``parts`` [S, N, D] (S sources) split over the sources by ``rule``; the shares of each
-    target sum to 1, so ``parts.sum(0)`` gains exactly ``bias``."""
-    if rule == "absdot":
-        weights = (parts @ bias).abs()
-    elif rule == "norm":
-        weights = parts.norm(dim=-1)
-    else:  # equal
-        weights = (parts != 0).any(-1).to(parts.dtype)
-    total = weights.sum(0, keepdim=True)
-    shares = torch.where(total > 0, weights / total.clamp_min(torch.finfo(parts.dtype).tiny),
-                         torch.full_like(weights, 1.0 / parts.shape[0]))
-    return parts + shares[..., None] * bias
-
-
-def layer_norm(parts: torch.Tensor, real_input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float,
-               include_biases: bool, rule: str) -> torch.Tensor:
-    """LayerNorm of ``parts`` [S, N, D] whose sum is ``real_input`` [N, D]: centred per part, divided by the real
-    input's standard deviation, scaled by the gain; the LayerNorm's bias shared out."""
-    real = real_input.float()
-    scale = torch.rsqrt(real.var(-1, unbiased=False, keepdim=True) + eps)  # [N, 1]
-    out = (parts - parts.mean(-1, keepdim=True)) * scale * weight
-    return share_bias(out, bias, rule) if include_biases else out
-
-
-def zo_slope(pre: torch.Tensor, post: torch.Tensor) -> torch.Tensor:
-    """The zero-origin slope f(z)/z of an activation (0 where z = 0, where f(0) = 0 makes any slope exact)."""
-    pre, post = pre.float(), post.float()
-    nonzero = pre != 0
-    return torch.where(nonzero, post / torch.where(nonzero, pre, torch.ones_like(pre)), torch.zeros_like(pre))
-
-
-def _affine_parts(parts: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, include_biases: bool, rule: str
-                  ) -> torch.Tensor:
-    out = parts @ weight.T
-    return share_bias(out, bias, rule) if include_biases else out
-
-
-def _ffn(x: torch.Tensor, w: BlockWeights, slope: torch.Tensor, include_biases: bool, rule: str) -> torch.Tensor:
-    """The FFN on parts ``x`` [S, N, H] with slopes [N, I]: ``W2 (slope * (W1 x_s + share_s b1)) + share'_s b2``.
-
-    With many sources (and absdot or no biases) it goes through the per-target matrix ``W2 diag(slope_t) W1``
-    [N, H, H] instead of the [S, N, I] intermediate: the same result (absdot's ``<W1 x_s, b1> = <x_s, W1^T b1>``)
-    for about half the arithmetic on long texts.
-    """
-    (w1, b1), (w2, b2) = w.ffn_in, w.ffn_out
-    sources, _, hidden = x.shape
-    if rule != "absdot" or sources * FAST_FFN_SOURCES < hidden:
-        f = _affine_parts(x, w1, b1, include_biases, rule) * slope
-        return _affine_parts(f, w2, b2, include_biases, rule)
-    equivalent = (w2 * slope[:, None, :]) @ w1  # [N, H, H]
-    f = torch.bmm(x.transpose(0, 1), equivalent.transpose(1, 2)).transpose(0, 1)  # [S, N, H]
-    if not include_biases:
-        return f
-    weights = (x @ (w1.T @ b1)).abs()  # |<W1 x_s, b1>|, [S, N]
-    total = weights.sum(0, keepdim=True)
-    shares = torch.where(total > 0, weights / total.clamp_min(torch.finfo(x.dtype).tiny),
-                         torch.full_like(weights, 1.0 / sources))
-    f = f + shares[..., None] * ((slope * b1) @ w2.T)  # the shared b1 through the activation and W2
-    return share_bias(f, b2, rule)
-
-
-def _block(state: torch.Tensor, w: BlockWeights, probs: torch.Tensor, ln1_in: torch.Tensor, slope: torch.Tensor,
-           ln2_in: torch.Tensor, first: bool, include_biases: bool, rule: str, chunk_elements: int) -> None:
-    """Propagate ``state`` [S, T, H] (sources x targets) through one block, in place."""
-    sources, tokens, hidden = state.shape
-    heads = w.heads
-    size = w.value[0].shape[0] // heads
-    wv, bv = w.value
-    wo, bo = w.attention_out
-    # value projections of every source's vectors, laid out per head for the attention mix: [heads, T, S * d]
-    values = torch.empty(heads, tokens, sources, size, device=state.device, dtype=state.dtype)
-    diagonal = torch.arange(tokens, device=state.device)
-    for h in range(heads):
-        rows = slice(h * size, (h + 1) * size)
-        v = state @ wv[rows].T  # [S, T, d]
-        if first and include_biases:  # x^0 is diagonal: a value's bias belongs to its own token
-            v[diagonal, diagonal] += bv[rows]
-        values[h] = v.transpose(0, 1)
-    values = values.view(heads, tokens, sources * size)
-    attention_bias = bo if first else wo @ bv + bo
-    width = max(w.ffn_in[0].shape[0], hidden)
-    chunk = max(1, chunk_elements // max(1, sources * width, hidden * width))
-    for start in range(0, tokens, chunk):
-        t = slice(start, min(tokens, start + chunk))
-        n = t.stop - t.start
-        mixed = torch.bmm(probs[:, t].float(), values)  # [heads, n, S * d]
-        mixed = mixed.view(heads, n, sources, size).permute(2, 1, 0, 3).reshape(sources, n, heads * size)
-        x = mixed @ wo.T + state[:, t]
-        del mixed
-        if include_biases:
-            x = share_bias(x, attention_bias, rule)
-        x = layer_norm(x, ln1_in[t], *w.ln1, include_biases, rule)
-        f = _ffn(x, w, slope[t], include_biases, rule)
-        state[:, t] = layer_norm(x + f, ln2_in[t], *w.ln2, include_biases, rule)
-
-
-@torch.no_grad()
-def propagate(weights: Sequence[BlockWeights], rec: Recording, row: int, *, include_biases: bool = True,
-              bias_rule: str = "absdot", chunk_elements: int = CHUNK_ELEMENTS) -> Iterator[torch.Tensor]:
-    """Yield the decomposition of text ``row`` at layers 0, 1, ..., L: a float32 tensor [S, T, H] over its real
-    (non-padding) tokens, ``[s, t]`` = source s's part of token t. Its sum over sources is x^l. The same tensor is
-    updated in place from one layer to the next: clone what you keep."""
-    keep = rec.mask[row].nonzero().flatten()
-    x0 = rec.embeddings[row, keep].float()
-    n = keep.numel()
-    state = torch.zeros(n, n, x0.shape[-1], device=x0.device)
-    diagonal = torch.arange(n, device=x0.device)
-    state[diagonal, diagonal] = x0
-    yield state
-    for i, w in enumerate(weights):
-        probs = rec.probs[i][row][:, keep][:, :, keep]
-        slope = zo_slope(rec.pre_act[i][row, keep], rec.act[i][row, keep])
-        _block(state, w, probs, rec.ln1_in[i][row, keep], slope, rec.ln2_in[i][row, keep], i == 0, include_biases,
-               bias_rule, chunk_elements)
-        yield state
-
-
-@torch.no_grad()
-def decompose_head(steps: Sequence[Step], parts: torch.Tensor, real: torch.Tensor, *, include_biases: bool = True,
-                   bias_rule: str = "absdot", columns: torch.Tensor | None = None
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Decompose the head on one pooled token: ``parts`` [S, H] summing to ``real`` [H].
-
-    Returns (contributions [S, C], outputs [C]): each source's share of the head's outputs, and the head run on
-    ``real`` in float32 (what the contributions sum to). ``columns`` selects the last linear's output rows.
-    """
-    parts, x = parts.float()[:, None, :], real.float()[None, :]
-    for i, step in enumerate(steps):
-        if step.kind == "linear":
-            weight, bias = affine(step.module, columns if i == len(steps) - 1 else None)
-            parts = _affine_parts(parts, weight, bias, include_biases, bias_rule)
-            x = x @ weight.T + bias
-        elif step.kind == "activation":
-            fx = step.module(x)
-            parts = parts * zo_slope(x, fx)
-            x = fx
-        else:
-            weight, bias, eps = _layer_norm_parameters(step.module)
-            parts = layer_norm(parts, x, weight, bias, eps, include_biases, bias_rule)
-            x = F.layer_norm(x, x.shape[-1:], weight, bias, eps)
-    return parts[:, 0], x[0]
+__all__ = ["BIAS_RULES", "BlockWeights", "Decomposition", "Recording", "affine", "class_contributions",
+           "contribution_maps", "decompose", "decompose_head", "layer_norm", "propagate", "record", "share_bias",
+           "supported_models", "zo_slope"]
 
 
 # ---- the public entry points -----------------------------------------------------------------------------------------

@@ -31,7 +31,7 @@ from test_families import base_of, live, peft_model
 from tiny import PAIRS, TEXTS, build, texts_for
 
 import normx
-from normx import decompx
+from normx import decompx, decompx_rules
 from normx.decompx import affine, decompose, layer_norm, share_bias, zo_slope
 from normx.errors import InvalidInputError, UnsupportedModelError
 
@@ -549,14 +549,14 @@ def test_fast_ffn_path_equals_the_direct_one(monkeypatch):
     """Long texts run the FFN through per-target H x H matrices; it must give the direct rule's result."""
     model, tokenizer = build("BertForSequenceClassification")
     enc = encode(tokenizer, TEXTS, PAIRS)
-    monkeypatch.setattr(decompx, "FAST_FFN_SOURCES", 0)  # never
+    monkeypatch.setattr(decompx_rules, "FAST_FFN_SOURCES", 0)  # never
     direct = decompose(model, enc, range(3), maps=True)
-    monkeypatch.setattr(decompx, "FAST_FFN_SOURCES", 10**6)  # always
+    monkeypatch.setattr(decompx_rules, "FAST_FFN_SOURCES", 10**6)  # always
     fast = decompose(model, enc, range(3), maps=True)
     close(fast.contributions, direct.contributions)
     close(fast.maps, direct.maps)
     unbiased = [decompose(model, enc, include_biases=False).contributions]
-    monkeypatch.setattr(decompx, "FAST_FFN_SOURCES", 0)
+    monkeypatch.setattr(decompx_rules, "FAST_FFN_SOURCES", 0)
     unbiased.append(decompose(model, enc, include_biases=False).contributions)
     close(*unbiased)
 

@@ -157,3 +157,9 @@ def test_declared_dependencies_match_imports():
 def test_the_demo_app_is_a_thin_shell():
     lines = len((PACKAGE.parent / "demo" / "app.py").read_text().splitlines())
     assert lines <= 300, f"demo/app.py has {lines} lines; view logic belongs in normx.views / session / serving"
+
+
+def test_no_library_module_over_400_lines():
+    long = {str(f.relative_to(PACKAGE.parent)): n for f in PACKAGE.rglob("*.py")
+            if (n := len(f.read_text().splitlines())) > 400}
+    assert not long, f"modules over 400 lines (split them by concern): {long}"
