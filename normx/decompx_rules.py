@@ -20,10 +20,14 @@ FAST_FFN_SOURCES = 2  # the FFN goes through per-target H x H matrices when sour
 
 # ---- the decomposition rules -----------------------------------------------------------------------------------------
 
-def share_bias(parts: torch.Tensor, bias: torch.Tensor, rule: str = "absdot") -> torch.Tensor:
+def share_bias(parts: torch.Tensor, bias: torch.Tensor, rule: str = "absdot",
+               weights: torch.Tensor | None = None) -> torch.Tensor:
     """Add ``bias`` [D] to ``parts`` [S, N, D] (S sources) split over the sources by ``rule``; the shares of each
-    target sum to 1, so ``parts.sum(0)`` gains exactly ``bias``."""
-    if rule == "absdot":
+    target sum to 1, so ``parts.sum(0)`` gains exactly ``bias``. ``weights`` [S, N]: the rule's weights when
+    computed elsewhere (over more output dimensions than ``parts`` holds)."""
+    if weights is not None:
+        pass
+    elif rule == "absdot":
         weights = (parts @ bias).abs()
     elif rule == "norm":
         weights = parts.norm(dim=-1)
@@ -139,6 +143,19 @@ def propagate(weights: Sequence[BlockWeights], rec: Recording, row: int, *, incl
 
 
 @torch.no_grad()
+def _full_output_weights(parts: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, rule: str) -> torch.Tensor:
+    """The bias rule's weights [S, N] of ``parts`` [S, N, H] through the whole linear layer (``weight`` [D, H],
+    ``bias`` [D]) without computing its D outputs: absdot ``|<W p, b>| = |<p, W^T b>|``, norm ``||W p|| =
+    sqrt(p^T W^T W p)``, equal: non-zero inputs. A vocabulary head decomposed at a few columns then shares its
+    bias exactly as if all were computed, so the result does not depend on the other texts of the batch."""
+    if rule == "absdot":
+        return (parts @ (weight.T @ bias)).abs()
+    if rule == "norm":
+        gram = weight.T @ weight
+        return torch.einsum("snh,hk,snk->sn", parts, gram, parts).clamp_min(0).sqrt()
+    return (parts != 0).any(-1).to(parts.dtype)
+
+
 def decompose_head(steps: Sequence[Step], parts: torch.Tensor, real: torch.Tensor, *, include_biases: bool = True,
                    bias_rule: str = "absdot", columns: torch.Tensor | None = None
                    ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -150,8 +167,13 @@ def decompose_head(steps: Sequence[Step], parts: torch.Tensor, real: torch.Tenso
     parts, x = parts.float()[:, None, :], real.float()[None, :]
     for i, step in enumerate(steps):
         if step.kind == "linear":
-            weight, bias = affine(step.module, columns if i == len(steps) - 1 else None)
-            parts = _affine_parts(parts, weight, bias, include_biases, bias_rule)
+            selected = columns if i == len(steps) - 1 else None
+            weight, bias = affine(step.module, selected)
+            if selected is None or not include_biases:
+                parts = _affine_parts(parts, weight, bias, include_biases, bias_rule)
+            else:  # the bias shares of the full output layer, whichever columns are read: batch-independent
+                weights = _full_output_weights(parts, *affine(step.module), bias_rule)
+                parts = share_bias(parts @ weight.T, bias, bias_rule, weights)
             x = x @ weight.T + bias
         elif step.kind == "activation":
             fx = step.module(x)

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import tiny
 import torch
+from leaks import model_state
 
 import normx
 from normx.hooks import capture
@@ -34,19 +35,6 @@ DECODER_METHODS = {
     "integrated_gradients": {"n_steps": 4, "internal_batch_size": 4},
 }
 CASES = {"BertForSequenceClassification": ENCODER_METHODS, "LlamaForSequenceClassification": DECODER_METHODS}
-
-
-def model_state(model: torch.nn.Module) -> dict:
-    """Everything a call could leave changed: hooks, attention implementation, requires_grad, training flags."""
-    configs = {id(m.config): m.config for m in model.modules() if getattr(m, "config", None) is not None}
-    return {
-        "hooks": {name: (len(m._forward_hooks), len(m._forward_pre_hooks), len(m._backward_hooks))
-                  for name, m in model.named_modules()},
-        "attention": sorted(str(c._attn_implementation) for c in configs.values()),
-        "requires_grad": {name: p.requires_grad for name, p in model.named_parameters()},
-        "grad": [name for name, p in model.named_parameters() if p.grad is not None],
-        "training": {name: m.training for name, m in model.named_modules()},
-    }
 
 
 def jobs(methods: dict) -> list[tuple[str, tuple[str, ...], dict]]:

@@ -587,3 +587,19 @@ def test_training_mode_models_are_decomposed_without_dropout():
     evaluated = decompose(wrapped, enc, range(3))
     close(trained.contributions, evaluated.contributions)
     close(trained.contributions[:, -1].sum(1), logits)
+
+
+@pytest.mark.parametrize("rule", decompx.BIAS_RULES)
+@pytest.mark.parametrize("case_id", ["BertForMaskedLM", "RobertaForMaskedLM"])
+def test_vocabulary_columns_decompose_as_in_the_whole_vocabulary(case_id, rule):
+    """A vocabulary head decomposed at a few columns gives exactly those columns of the whole decomposition:
+    its bias is shared as over the full output layer, so the result never depends on which other columns (the
+    other texts of a batch) are read."""
+    model, tokenizer = build(case_id)
+    texts = texts_for(tiny.CASE_BY_ID[case_id], tokenizer)
+    enc = encode(tokenizer, texts)
+    pooled = mask_positions(tokenizer, enc)
+    whole = decompose(model, enc, pooled=pooled, bias_rule=rule).contributions  # every vocabulary column
+    for columns in ([5, 17], [17, 40, 99, 5]):
+        some = decompose(model, enc, pooled=pooled, columns=torch.tensor(columns), bias_rule=rule).contributions
+        close(some, whole[..., columns], rtol=1e-4)

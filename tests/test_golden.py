@@ -65,8 +65,8 @@ def check(name: str, got: dict) -> None:
     got = json.loads(json.dumps(got))  # the same types as read back
     if UPDATE:
         GOLDEN.mkdir(exist_ok=True)
-        with gzip.open(file, "wt", encoding="utf-8") as handle:
-            json.dump(got, handle)
+        with open(file, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as handle:
+            handle.write(json.dumps(got).encode())  # mtime 0: the same outputs give the same bytes
         return
     if not file.exists():
         pytest.fail(f"no stored outputs at {file}; make them with NORMX_UPDATE_GOLDEN=1")

@@ -163,3 +163,17 @@ def test_no_library_module_over_400_lines():
     long = {str(f.relative_to(PACKAGE.parent)): n for f in PACKAGE.rglob("*.py")
             if (n := len(f.read_text().splitlines())) > 400}
     assert not long, f"modules over 400 lines (split them by concern): {long}"
+
+
+def test_lint_passes():
+    """ruff with the project's rules (pyproject.toml: complexity and argument-count limits included)."""
+    import subprocess
+    import sys
+
+    import pytest
+
+    pytest.importorskip("ruff", reason="ruff is in the test extra: pip install -e '.[test]'")
+    root = PACKAGE.parent
+    done = subprocess.run([sys.executable, "-m", "ruff", "check", "normx", "tests", "bench", "demo", "noxfile.py"],
+                          cwd=root, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-1000:]

@@ -1,0 +1,19 @@
+"""What a call could leave changed on a shared model, as one comparable value (the ``unchanged`` fixture)."""
+
+from __future__ import annotations
+
+import torch
+
+
+def model_state(model: torch.nn.Module) -> dict:
+    """Everything a call could leave changed on a model: hooks, attention implementation, requires_grad, .grad,
+    training flags."""
+    configs = {id(m.config): m.config for m in model.modules() if getattr(m, "config", None) is not None}
+    return {
+        "hooks": {name: (len(m._forward_hooks), len(m._forward_pre_hooks), len(m._backward_hooks))
+                  for name, m in model.named_modules()},
+        "attention": sorted(str(c._attn_implementation) for c in configs.values()),
+        "requires_grad": {name: p.requires_grad for name, p in model.named_parameters()},
+        "grad": [name for name, p in model.named_parameters() if p.grad is not None],
+        "training": {name: m.training for name, m in model.named_modules()},
+    }
