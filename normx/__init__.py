@@ -24,7 +24,7 @@ from .errors import (
     WorkBudgetError,
 )
 from .hooks import capture
-from .methods import Method, describe_methods, list_methods, register_method
+from .methods import Method, Option, describe_methods, list_methods, register_method
 from .pipeline import explain
 from .presets import list_presets
 from .result import Explanation
@@ -40,9 +40,31 @@ def load_model(name_or_path: str = "minilm-sst2", **kwargs):
 
 
 __all__ = [
-    "Adapter", "EmptyTextError", "Explanation", "HookNotFiredError", "InputTooLongError", "InvalidInputError",
-    "LayerOutOfRangeError", "Method", "ModelLoadError", "NormxError", "PairNotSupportedError", "PairRequiredError",
-    "UnknownMethodError", "UnknownTargetError", "UnsupportedModelError", "WorkBudgetError", "capture",
-    "describe_methods", "explain", "get_adapter", "list_methods", "list_presets", "load_model", "register_adapter",
-    "register_method", "supported_models",
+    "Adapter",
+    "EmptyTextError",
+    "Explanation",
+    "HookNotFiredError",
+    "InputTooLongError",
+    "InvalidInputError",
+    "LayerOutOfRangeError",
+    "Method",
+    "ModelLoadError",
+    "NormxError",
+    "Option",
+    "PairNotSupportedError",
+    "PairRequiredError",
+    "UnknownMethodError",
+    "UnknownTargetError",
+    "UnsupportedModelError",
+    "WorkBudgetError",
+    "capture",
+    "describe_methods",
+    "explain",
+    "get_adapter",
+    "list_methods",
+    "list_presets",
+    "load_model",
+    "register_adapter",
+    "register_method",
+    "supported_models",
 ]

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 from torch import nn
 
 from .errors import InvalidInputError, WorkBudgetError
+from .inputs import positive_int
 from .methods import get_method
 
 T = TypeVar("T")
@@ -48,8 +49,7 @@ def estimate_gflop(model: nn.Module, method: str, tokens: int, *, targets: int =
     """Estimated work of explaining ``texts`` texts of ``tokens`` tokens each with ``method`` (``targets``
     explained labels; ``options``: the method's options), in GFLOP."""
     for name, value in (("tokens", tokens), ("targets", targets), ("texts", texts)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise InvalidInputError(f"{name} must be a positive integer, got {value!r}")
+        positive_int(value, name)
     passes = get_method(method).passes(tokens, targets, options)
     return 2 * compute_parameters(model) * tokens * passes * texts / 1e9
 
@@ -65,8 +65,7 @@ class WorkGate:
     def __init__(self, budget_gflop: float, *, cheap_gflop: float = 50.0, heavy_slots: int = 1):
         if not budget_gflop > 0:
             raise InvalidInputError(f"budget_gflop must be positive, got {budget_gflop!r}")
-        if isinstance(heavy_slots, bool) or not isinstance(heavy_slots, int) or heavy_slots < 1:
-            raise InvalidInputError(f"heavy_slots must be a positive integer, got {heavy_slots!r}")
+        positive_int(heavy_slots, "heavy_slots")
         self.budget_gflop = float(budget_gflop)
         self.cheap_gflop = float(cheap_gflop)
         self._heavy = threading.BoundedSemaphore(heavy_slots)

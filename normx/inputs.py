@@ -46,6 +46,25 @@ def as_text_list(texts: str | Sequence[str], name: str = "texts") -> list[str]:
     return texts
 
 
+def text_inputs(texts, text_pair=None) -> tuple[list[str], list[str] | None]:
+    """``texts`` and ``text_pair`` as lists (one pair per text), checked."""
+    texts = as_text_list(texts)
+    pairs = None if text_pair is None else as_text_list(text_pair, "text_pair")
+    if pairs is not None and len(pairs) != len(texts):
+        raise InvalidInputError(f"text_pair has {len(pairs)} texts but texts has {len(texts)}; give one pair each")
+    return texts, pairs
+
+
+def positive_int(value, name: str, *, none: bool = False):
+    """``value`` if it is a positive integer (or None, with ``none``); :class:`InvalidInputError` naming it
+    otherwise."""
+    if value is None and none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidInputError(f"{name} must be a positive integer{' or None' if none else ''}, got {value!r}")
+    return value
+
+
 def check_text(text: str, name: str = "the text") -> None:
     """Raise for text a tokenizer cannot take or that has nothing to explain: a lone surrogate (not valid
     Unicode), or only white space, control, format (zero-width) or NUL characters (:class:`EmptyTextError`)."""

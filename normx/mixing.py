@@ -47,7 +47,7 @@ from tqdm.auto import tqdm
 
 from .adapters import get_adapter, unwrap_model
 from .errors import InvalidInputError
-from .inputs import as_text_list, collate, encode, pad_token_id, resolve_max_length
+from .inputs import collate, encode, pad_token_id, positive_int, resolve_max_length, text_inputs
 from .methods import Context, Method, Option, register_method
 from .mixing_blocks import (
     BlockRecord,
@@ -144,12 +144,8 @@ def contribution_maps(model, tokenizer, texts: str | Sequence[str], method: str 
     if method not in MIXING_METHODS:
         raise InvalidInputError(f"method={method!r} is not allowed; use one of {MIXING_METHODS}")
     _check_options({"rollout": rollout, "internal_batch_size": internal_batch_size})
-    texts = as_text_list(texts)
-    pairs = None if text_pair is None else as_text_list(text_pair, "text_pair")
-    if pairs is not None and len(pairs) != len(texts):
-        raise InvalidInputError(f"text_pair has {len(pairs)} texts but texts has {len(texts)}; give one pair each")
-    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-        raise InvalidInputError(f"batch_size must be a positive integer, got {batch_size!r}")
+    texts, pairs = text_inputs(texts, text_pair)
+    positive_int(batch_size, "batch_size")
     base = unwrap_model(model)
     layout_of(base)
     num_layers = get_adapter(base).num_layers(base)

@@ -13,7 +13,7 @@ import torch
 from .adapters import Adapter, get_adapter, unwrap_model
 from .errors import InvalidInputError, LayerOutOfRangeError, PairNotSupportedError, PairRequiredError
 from .forward import Pass
-from .inputs import Encoded, as_text_list, collate, encode, pad_token_id, resolve_max_length
+from .inputs import Encoded, collate, encode, pad_token_id, positive_int, resolve_max_length, text_inputs
 from .methods import Context, Method, get_method
 from .result import Explanation
 from .sharing import using
@@ -67,12 +67,8 @@ def explain(model, tokenizer, texts: str | Sequence[str], method: str = "normxlo
             defaults), e.g. ``n_steps=300`` for ``integrated_gradients``; recorded in ``settings``.
     """
     single = isinstance(texts, str)
-    texts = as_text_list(texts)
-    pairs = None if text_pair is None else as_text_list(text_pair, "text_pair")
-    if pairs is not None and len(pairs) != len(texts):
-        raise InvalidInputError(f"text_pair has {len(pairs)} texts but texts has {len(texts)}; give one pair each")
-    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-        raise InvalidInputError(f"batch_size must be a positive integer, got {batch_size!r}")
+    texts, pairs = text_inputs(texts, text_pair)
+    positive_int(batch_size, "batch_size")
     plan = prepare(model, tokenizer, method, target, layer, foil=foil, embedding=embedding, pair=pairs is not None,
                    **options)
     base, adapter = plan.base, plan.adapter

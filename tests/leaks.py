@@ -17,3 +17,17 @@ def model_state(model: torch.nn.Module) -> dict:
         "grad": [name for name, p in model.named_parameters() if p.grad is not None],
         "training": {name: m.training for name, m in model.named_modules()},
     }
+
+
+def _ours(hook) -> bool:
+    """Not transformers' own output-capturing hooks, which it installs for good on a model that was once run with
+    output_attentions / output_hidden_states (shared tiny models are, by other tests)."""
+    return not getattr(hook, "__module__", "").startswith("transformers.")
+
+
+def assert_no_hooks(model: torch.nn.Module) -> None:
+    """No forward hook of normx's (or a test's) is left on any module of ``model``."""
+    leaked = {name or "<root>": [h for h in [*m._forward_hooks.values(), *m._forward_pre_hooks.values()] if _ours(h)]
+              for name, m in model.named_modules()}
+    leaked = {name: hooks for name, hooks in leaked.items() if hooks}
+    assert not leaked, f"hooks left on modules: {leaked}"

@@ -6,6 +6,7 @@ import pytest
 import tiny
 import torch
 import transformers
+from leaks import assert_no_hooks
 
 import normx
 import normx.adapters
@@ -25,11 +26,6 @@ def fresh(case_id: str = "BertForSequenceClassification"):
     assert_no_hooks(model)
     return model, tokenizer
 
-
-def assert_no_hooks(model: torch.nn.Module):
-    leaked = {name or "<root>": dict(module._forward_hooks) for name, module in model.named_modules()
-              if module._forward_hooks or module._forward_pre_hooks}
-    assert not leaked, f"hooks left on modules: {leaked}"
 
 
 def inputs(tokenizer, case_id: str = "BertForSequenceClassification"):

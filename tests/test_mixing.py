@@ -18,6 +18,7 @@ import pytest
 import tiny
 import torch
 import torch.nn.functional as F
+from leaks import assert_no_hooks
 
 import normx
 from normx.errors import InvalidInputError, UnsupportedModelError
@@ -28,17 +29,6 @@ CONSERVATION_ATOL = 1e-4
 ENCODERS = ["BertForSequenceClassification", "RobertaForMaskedLM", "ElectraForSequenceClassification",
             "XLMRobertaForSequenceClassification"]
 
-
-def _ours(hook) -> bool:
-    """Not transformers' own output-capturing hooks, which it installs for good on a model that was once run with
-    output_attentions / output_hidden_states (the shared tiny models are, by other tests)."""
-    return not getattr(hook, "__module__", "").startswith("transformers.")
-
-
-def assert_no_hooks(model: torch.nn.Module):
-    leaked = [name or "<root>" for name, module in model.named_modules()
-              if any(_ours(h) for h in [*module._forward_hooks.values(), *module._forward_pre_hooks.values()])]
-    assert not leaked, f"hooks left on modules: {leaked}"
 
 
 def text_of(case_id: str, tokenizer, index: int = 0) -> str:

@@ -38,6 +38,7 @@ import numpy as np
 
 from ..data import held_out_split
 from ..errors import InvalidInputError, NormxError
+from ..inputs import positive_int
 from ..methods import get_method, list_methods
 from . import evidence as ev
 from .alignment import average_precision, dot_product
@@ -213,10 +214,8 @@ def evaluate_blimp(model, tokenizer, paradigms: Sequence[str] = ev.DEFAULT_PARAD
             f"{adapter.kind} head. Use e.g. a ...ForMaskedLM or ...ForCausalLM model")
     if adapter.kind == "masked_lm" and tokenizer.mask_token is None:
         raise InvalidInputError(f"{type(base).__name__} is a masked LM but its tokenizer has no mask token")
-    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
-        raise InvalidInputError(f"limit must be a positive integer or None, got {limit!r}")
-    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-        raise InvalidInputError(f"batch_size must be a positive integer, got {batch_size!r}")
+    positive_int(limit, "limit", none=True)
+    positive_int(batch_size, "batch_size")
     if split not in SPLITS:
         raise InvalidInputError(f"unknown split {split!r}; use one of {', '.join(SPLITS)}")
     chosen = [ev.get_paradigm(p) for p in dict.fromkeys(paradigms)]

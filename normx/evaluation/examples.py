@@ -18,6 +18,7 @@ import numpy as np
 
 from .. import data as glue
 from ..errors import InvalidInputError
+from ..inputs import positive_int
 from ..targets import LabelSpace
 
 DATA_SUFFIXES = (".tsv", ".jsonl")
@@ -26,8 +27,7 @@ DATA_SUFFIXES = (".tsv", ".jsonl")
 def load_examples(source: str, data_dir: str | None = None, limit: int | None = None) -> list[glue.Example]:
     """Examples from a GLUE task name (its ``"dev"`` split: :func:`normx.data.load`) or a user TSV / JSONL file
     (see the module docstring); the first ``limit`` of them."""
-    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
-        raise InvalidInputError(f"limit must be a positive integer or None, got {limit!r}")
+    positive_int(limit, "limit", none=True)
     if source in glue.TASKS:
         examples = glue.load(source, "dev", data_dir)
     else:

@@ -33,7 +33,7 @@ import numpy as np
 from .. import data as glue
 from ..adapters import get_adapter, unwrap_model
 from ..errors import InvalidInputError, NormxError, PairNotSupportedError, UnsupportedModelError
-from ..inputs import encode, pad_token_id, resolve_max_length
+from ..inputs import encode, pad_token_id, positive_int, resolve_max_length
 from ..methods import get_method, list_methods
 from ..targets import LabelSpace
 from .examples import DATA_SUFFIXES, gold_labels, load_examples, read_examples
@@ -91,9 +91,8 @@ def evaluate(model, tokenizer, examples: Sequence, methods: str | Sequence[str] 
     ks = _check_ks(ks)
     check_choice("special_tokens", special_tokens, SPECIAL_TOKENS)
     strategy = resolve_strategy(perturbation, tokenizer.mask_token_id)
-    for name, value in (("batch_size", batch_size), ("eval_batch_size", eval_batch_size)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise InvalidInputError(f"{name} must be a positive integer, got {value!r}")
+    positive_int(batch_size, "batch_size")
+    positive_int(eval_batch_size, "eval_batch_size")
     texts = [e.text for e in examples]
     pairs = [e.pair for e in examples]
     if any(p is not None for p in pairs):
