@@ -32,6 +32,14 @@ from .result import Explanation
 __version__ = "0.1.0"
 
 
+def attribute_dataset(model, tokenizer, source, out, **kwargs):
+    """Explain every row of a corpus into Parquet shards (streamed, resumable, torchrun-aware); see
+    :func:`normx.bulk.attribute_dataset`."""
+    from .bulk import attribute_dataset as _attribute
+
+    return _attribute(model, tokenizer, source, out, **kwargs)
+
+
 def load_model(name_or_path: str = "minilm-sst2", **kwargs):
     """Load ``(model, tokenizer)`` from a local folder, a hub id (online) or a PEFT adapter folder."""
     from .loading import load_model as _load

@@ -38,6 +38,28 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--json", action="store_true", help="print one JSON object with a `results` list")
     ex.add_argument("--no-color", action="store_true", help="plain table without ANSI colours")
 
+    at = sub.add_parser("attribute", help="explain every row of a corpus into Parquet shards (streamed, resumable; "
+                        "torchrun / accelerate launch for many processes)")
+    at.add_argument("--model", required=True, help="a preset, a model folder, a PEFT adapter folder or a hub id")
+    at.add_argument("--data", required=True, help="a TSV / CSV / JSONL / Parquet file, or a hub dataset id "
+                    "NAME[:CONFIG][@SPLIT] (online)")
+    at.add_argument("--out", required=True, help="output folder: shard-*.parquet and manifest.json")
+    at.add_argument("--text-column", default=None, help="default: text, sentence, sentence1, premise or question")
+    at.add_argument("--pair-column", default=None, help="default: the usual partner of the text column, if present; "
+                    "'' for none")
+    at.add_argument("--method", default="normxlogit")
+    at.add_argument("--target", action="append", default=None, metavar="LABEL",
+                    help="label(s) to explain (repeatable; 'all'); default: the predicted one")
+    at.add_argument("--layer", default=None, help="layer index, comma-separated indices or 'all'")
+    at.add_argument("--limit", type=int, default=None, help="the first N rows only")
+    at.add_argument("--shard-size", type=int, default=1000, help="rows per output shard (default 1000)")
+    at.add_argument("--max-tokens", type=int, default=16384,
+                    help="padded tokens per forward pass; rows are bucketed by length (default 16384)")
+    at.add_argument("--batch-size", type=int, default=None,
+                    help="fixed batches of N rows in input order instead of length buckets")
+    at.add_argument("--no-progress", action="store_true")
+    add_method_flags(at)
+
     sub.add_parser("methods", help="list the attribution methods")
     models = sub.add_parser("models", help="list the offline preset models")
     models.add_argument("--json", action="store_true")
@@ -85,6 +107,8 @@ def _run(args) -> int:
         from .evaluation.commands import run
 
         return run(args)
+    if args.command == "attribute":
+        return _attribute(args)
     if args.command == "supported":
         print("\n".join(normx.supported_models()))
         return 0
@@ -95,13 +119,7 @@ def _run(args) -> int:
     texts = _texts(args.texts)
     kwargs = {"gguf_file": args.gguf_file} if args.gguf_file else {}
     model, tokenizer = normx.load_model(args.model, **kwargs)
-    target = args.target
-    if target is not None and len(target) == 1:
-        target = target[0]
-    if isinstance(target, list):
-        target = [_maybe_int(t) for t in target]
-    elif target is not None:
-        target = _maybe_int(target)
+    target = _target(args.target)
     pairs = None if args.pair is None else [args.pair] * len(texts)
     options = given_options(args)
     results = normx.explain(model, tokenizer, texts, method=args.method, target=target, layer=layer,
@@ -117,6 +135,35 @@ def _run(args) -> int:
     color = not args.no_color and sys.stdout.isatty() and "NO_COLOR" not in os.environ
     print("\n\n".join(render_table(r, color=color) for r in results))
     return 0
+
+
+def _attribute(args) -> int:
+    import normx
+    from normx.bulk import attribute_dataset
+
+    normx.methods.get_method(args.method)
+    layer = args.layer if args.layer in (None, "all") else _layer(args.layer)
+    model, tokenizer = normx.load_model(args.model)
+    local = os.environ.get("LOCAL_RANK")
+    if local is not None:
+        import torch
+
+        if torch.cuda.is_available():
+            model.to(f"cuda:{int(local)}")  # one GPU per process under torchrun / accelerate launch
+    target = _target(args.target)
+    run = attribute_dataset(model, tokenizer, args.data, args.out, method=args.method, target=target, layer=layer,
+                            text_column=args.text_column, pair_column=args.pair_column, limit=args.limit,
+                            shard_size=args.shard_size, max_tokens=args.max_tokens, batch_size=args.batch_size,
+                            progress=not args.no_progress, **given_options(args))
+    if run.rank == 0:
+        print(run.summary(), file=sys.stderr)
+    return 0
+
+
+def _target(target):
+    if target is not None and len(target) == 1:
+        return _maybe_int(target[0])
+    return None if target is None else [_maybe_int(t) for t in target]
 
 
 def _models(args) -> int:

