@@ -53,8 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     at.add_argument("--layer", default=None, help="layer index, comma-separated indices or 'all'")
     at.add_argument("--limit", type=int, default=None, help="the first N rows only")
     at.add_argument("--shard-size", type=int, default=1000, help="rows per output shard (default 1000)")
-    at.add_argument("--max-tokens", type=int, default=16384,
-                    help="padded tokens per forward pass; rows are bucketed by length (default 16384)")
+    at.add_argument("--max-tokens", type=int, default=None,
+                    help="padded tokens per forward pass; rows are bucketed by length (default 2048 on CPU, "
+                         "16384 on GPU)")
     at.add_argument("--batch-size", type=int, default=None,
                     help="fixed batches of N rows in input order instead of length buckets")
     at.add_argument("--no-progress", action="store_true")

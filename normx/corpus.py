@@ -60,6 +60,8 @@ def _chain(first, rest):
 
 def _columns(source, record: dict, text_column: str | None, pair_column: str | None) -> tuple[str, str | None]:
     names = list(record)
+    if text_column is None:  # a known pair first: QNLI has both question and sentence
+        text_column = next((t for t, p in PAIR_COLUMNS.items() if t in record and p in record), None)
     if text_column is None:
         text_column = next((c for c in TEXT_COLUMNS if c in record), None)
         if text_column is None:

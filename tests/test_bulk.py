@@ -165,3 +165,72 @@ def test_a_model_offloaded_by_device_map_gives_the_same_scores(tmp_path):
                               layer="all" if method != "gradient_x_input" else None)
         for a, b in zip(plain, moved):
             np.testing.assert_allclose(a.scores, b.scores, rtol=1e-6, atol=1e-6)
+
+
+def test_default_columns_of_the_glue_files(tmp_path):
+    from normx.corpus import iter_rows
+
+    qnli = tmp_path / "qnli.tsv"
+    qnli.write_text("index\tquestion\tsentence\tlabel\n0\tWho?\tHe did.\tentailment\n")
+    sst2 = tmp_path / "sst2.tsv"
+    sst2.write_text("sentence\tlabel\na film\t1\n")
+    stsb = tmp_path / "stsb.tsv"
+    stsb.write_text("genre\tsentence1\tsentence2\tscore\nnews\tA\tB\t3.0\n")
+    assert [(r.text, r.text_pair) for r in iter_rows(qnli)] == [("Who?", "He did.")]
+    assert [(r.text, r.text_pair) for r in iter_rows(sst2)] == [("a film", None)]
+    assert [(r.text, r.text_pair) for r in iter_rows(stsb)] == [("A", "B")]
+    assert [(r.text, r.text_pair) for r in iter_rows(qnli, pair_column="")] == [("Who?", None)]
+
+
+@pytest.mark.slow
+def test_minilm_sst2_on_sst2_dev_one_and_two_processes_killed_and_offloaded(tmp_path, monkeypatch):
+    """The real preset on the real dev set: two torchrun processes write what one does; a run killed after its first
+    shard and restarted ends with every id once; the model offloaded to CPU + disk gives the same scores."""
+    from test_data import SHARED
+
+    data = Path(SHARED) / "sst2" / "dev.tsv"
+    if not data.is_file():
+        pytest.skip("the shared data folder is not here")
+    args = ["attribute", "--model", "minilm-sst2", "--data", str(data), "--shard-size", "200", "--no-progress"]
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    for name, prefix in (("one", [sys.executable, "-m", "normx.cli"]),
+                         ("two", [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                                  "2", "-m", "normx.cli"])):
+        done = subprocess.run([*prefix, *args, "--out", str(tmp_path / name)], env=env, capture_output=True,
+                              text=True, timeout=1200)
+        assert done.returncode == 0, done.stderr[-3000:]
+    one, two = read(tmp_path / "one"), read(tmp_path / "two")
+    assert [r["id"] for r in one] == [r["id"] for r in two] == list(range(872))
+    for a, b in zip(one, two):  # float32 sums in another order (1 thread per process under torchrun, 2 here)
+        assert a["tokens"] == b["tokens"] and np.allclose(a["scores"], b["scores"], rtol=1e-4, atol=1e-4)
+
+    model, tokenizer = normx.load_model("minilm-sst2")
+    real, calls = bulk._write_atomically, []
+
+    def dies_after_the_first(parquet, records, file):
+        if calls:
+            raise KeyboardInterrupt("killed")
+        calls.append(file)
+        real(parquet, records, file)
+
+    monkeypatch.setattr(bulk, "_write_atomically", dies_after_the_first)
+    with pytest.raises(KeyboardInterrupt):
+        normx.attribute_dataset(model, tokenizer, data, tmp_path / "resumed", shard_size=200, progress=False)
+    monkeypatch.setattr(bulk, "_write_atomically", real)
+    run = normx.attribute_dataset(model, tokenizer, data, tmp_path / "resumed", shard_size=200, progress=False)
+    assert run.skipped == [0] and run.written == [1, 2, 3, 4]
+    resumed = read(tmp_path / "resumed")
+    assert [r["id"] for r in resumed] == list(range(872))
+    assert all(np.allclose(a["scores"], b["scores"], rtol=1e-4, atol=1e-4) for a, b in zip(one, resumed))
+
+    folder = tmp_path / "merged"  # the preset as one plain model folder, then offloaded
+    model.merge_and_unload().save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    plain, _ = normx.load_model(folder)
+    layers = len(plain.bert.encoder.layer)
+    device_map = {"bert.embeddings": "cpu", **{f"bert.encoder.layer.{i}": "cpu" if i < layers // 2 else "disk"
+                                                for i in range(layers)}, "bert.pooler": "disk", "classifier": "cpu"}
+    offloaded, _ = normx.load_model(folder, device_map=device_map, offload_folder=str(tmp_path / "offload"))
+    texts = [r["text"] for r in one[:64]]
+    for a, b in zip(normx.explain(plain, tokenizer, texts), normx.explain(offloaded, tokenizer, texts)):
+        np.testing.assert_allclose(a.scores, b.scores, rtol=1e-5, atol=1e-5)
