@@ -234,3 +234,24 @@ def test_minilm_sst2_on_sst2_dev_one_and_two_processes_killed_and_offloaded(tmp_
     texts = [r["text"] for r in one[:64]]
     for a, b in zip(normx.explain(plain, tokenizer, texts), normx.explain(offloaded, tokenizer, texts)):
         np.testing.assert_allclose(a.scores, b.scores, rtol=1e-5, atol=1e-5)
+
+
+def test_hub_dataset_ids_stream_through_datasets(monkeypatch):
+    """Online, ``NAME[:CONFIG][@SPLIT]`` streams a hub dataset; offline the real call cannot run, so a stand-in
+    ``datasets`` module checks what normx asks of it."""
+    import types
+
+    from normx.corpus import iter_rows
+
+    calls = []
+
+    def load_dataset(name, config=None, split=None, streaming=False):
+        calls.append((name, config, split, streaming))
+        return iter([{"question": "Who?", "sentence": "He did.", "label": 0}])
+
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
+    rows = list(iter_rows("nyu-mll/glue:qnli@validation"))
+    assert calls == [("nyu-mll/glue", "qnli", "validation", True)]
+    assert [(r.id, r.text, r.text_pair) for r in rows] == [(0, "Who?", "He did.")]
+    list(iter_rows("someone/corpus"))
+    assert calls[-1] == ("someone/corpus", None, "train", True)
