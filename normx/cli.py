@@ -30,8 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--pair", default=None, metavar="TEXT", help="second text for sentence-pair models")
     ex.add_argument("--embedding", default="layer", choices=["layer", "word"],
                     help="x^0 for the norm: embedding layer output (default) or raw word embedding")
-    ex.add_argument("--words", nargs="?", const="sum", default=None, choices=["sum", "mean", "max", "absmax"],
-                    help="aggregate subword tokens into words (default aggregation: sum)")
+    ex.add_argument("--words", action="store_true", help="show words: subword tokens summed per word")
+    ex.add_argument("--word-aggregation", default=None, choices=["sum", "mean", "max", "absmax"],
+                    help="how subword scores make a word's score (implies --words; default sum)")
     ex.add_argument("--truncation", default="warn", choices=["warn", "error"])
     add_method_flags(ex)
     ex.add_argument("--gguf-file", default=None, help="load a GGUF checkpoint file inside the model folder")
@@ -126,8 +127,8 @@ def _run(args) -> int:
     results = normx.explain(model, tokenizer, texts, method=args.method, target=target, layer=layer,
                             text_pair=pairs, foil=None if args.foil is None else _maybe_int(args.foil),
                             embedding=args.embedding, truncation=args.truncation, **options)
-    if args.words:
-        results = [r.words(args.words) for r in results]
+    if args.words or args.word_aggregation:
+        results = [r.words(args.word_aggregation or "sum") for r in results]
     if args.json:
         print(json.dumps({"model": args.model, "results": [r.to_dict() for r in results]}, ensure_ascii=False))
         return 0

@@ -18,6 +18,7 @@ from .sharing import attention_weights
 
 # ---- what DecompX needs of a model: its adapter's encoder block layout and head steps -------------------------
 
+
 def supported_models() -> list[str]:
     """Class names DecompX can decompose (PEFT-wrapped versions included): those whose adapter describes its
     encoder blocks and its head as steps."""
@@ -53,6 +54,7 @@ def _check_model(model: nn.Module) -> tuple[nn.Module, Adapter, list[Step], list
 
 
 # ---- the model's effective weights -----------------------------------------------------------------------------------
+
 
 def affine(module: nn.Module, rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(W [out, in], b [out]) in float32 of an affine module, so that ``module(x) = x W^T + b``.
@@ -114,6 +116,7 @@ class BlockWeights:
 
 
 # ---- the real forward pass -------------------------------------------------------------------------------------------
+
 
 @dataclass
 class Recording:

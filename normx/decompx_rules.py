@@ -20,6 +20,7 @@ FAST_FFN_SOURCES = 2  # the FFN goes through per-target H x H matrices when sour
 
 # ---- the decomposition rules -----------------------------------------------------------------------------------------
 
+
 def share_bias(parts: torch.Tensor, bias: torch.Tensor, rule: str = "absdot",
                weights: torch.Tensor | None = None) -> torch.Tensor:
     """Add ``bias`` [D] to ``parts`` [S, N, D] (S sources) split over the sources by ``rule``; the shares of each
@@ -122,6 +123,8 @@ def _block(state: torch.Tensor, w: BlockWeights, probs: torch.Tensor, ln1_in: to
 
 
 @torch.no_grad()
+
+
 def propagate(weights: Sequence[BlockWeights], rec: Recording, row: int, *, include_biases: bool = True,
               bias_rule: str = "absdot", chunk_elements: int = CHUNK_ELEMENTS) -> Iterator[torch.Tensor]:
     """Yield the decomposition of text ``row`` at layers 0, 1, ..., L: a float32 tensor [S, T, H] over its real
@@ -143,6 +146,8 @@ def propagate(weights: Sequence[BlockWeights], rec: Recording, row: int, *, incl
 
 
 @torch.no_grad()
+
+
 def _full_output_weights(parts: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, rule: str) -> torch.Tensor:
     """The bias rule's weights [S, N] of ``parts`` [S, N, H] through the whole linear layer (``weight`` [D, H],
     ``bias`` [D]) without computing its D outputs: absdot ``|<W p, b>| = |<p, W^T b>|``, norm ``||W p|| =

@@ -23,6 +23,7 @@ _ROWS_PER_CHUNK = 2**24  # decomposition: at most this many floats per [rows, T,
 
 # ---- what the mixing methods need of a model: its adapter's encoder block layout ------------------------------
 
+
 def supported_models() -> list[str]:
     """Class names GlobEnc, ALTI and Value Zeroing support (PEFT-wrapped or not): those whose adapter describes
     their encoder blocks."""
@@ -65,6 +66,7 @@ def zeroed_values(value_module: nn.Module, positions: torch.Tensor):
 
 
 # ---- the real pass -------------------------------------------------------------------------------------------------
+
 
 @dataclass
 class BlockRecord:
@@ -127,6 +129,7 @@ def record_blocks(model: nn.Module, inputs: dict[str, torch.Tensor], layers: Seq
 
 
 # ---- decomposition (GlobEnc, ALTI) -----------------------------------------------------------------------------------
+
 
 def _wide(t: torch.Tensor) -> torch.Tensor:
     """The precision the decomposition works in: float32, or float64 for float64 models."""
@@ -236,6 +239,7 @@ def _decomposition_map(method: str, rec: BlockRecord, terms: BlockTerms, row: in
 
 
 # ---- Value Zeroing ---------------------------------------------------------------------------------------------------
+
 
 def _batch_rows(value, rows: torch.Tensor, batch: int):
     """A block argument for the variant rows: tensors with the batch dimension are indexed by ``rows``."""

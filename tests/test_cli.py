@@ -28,7 +28,7 @@ def test_json_output(folder, capsys):
 
 def test_options_reach_explain(folder, capsys):
     args = ["explain", "--model", folder, "--json", "--method", "logat", "--target", "positive", "--target", "0",
-            "--layer", "all", "--pair", "the other text", "--words", "max", "first text"]
+            "--layer", "all", "--pair", "the other text", "--word-aggregation", "max", "first text"]
     assert main(args) == 0
     item = json.loads(capsys.readouterr().out)["results"][0]
     assert item["labels"] == ["positive", "negative"] and item["layers"] == list(range(7))
@@ -111,3 +111,33 @@ def test_evaluate_name_lists_take_spaces_commas_or_both():
     for argv in (["--methods", "a", "b", "c"], ["--methods", "a,b,c"], ["--methods", "a,", "b", ",c"]):
         assert names(parser.parse_args(argv).methods) == ["a", "b", "c"]
     assert names(parser.parse_args([]).methods) is None
+
+
+def test_words_flag_before_the_text(folder, capsys):
+    """The README's syntax: --words takes no value, so the text after it is the text."""
+    assert main(["explain", "--model", folder, "--json", "--words", "a gripping film"]) == 0
+    item = json.loads(capsys.readouterr().out)["results"][0]
+    assert item["unit"] == "word" and item["text"] == "a gripping film"
+    assert item["settings"]["word_aggregation"] == "sum"
+
+
+def test_table_says_what_it_shows():
+    from normx.rendering import render_table
+
+    model, tokenizer = tiny.build("BertForSequenceClassification")
+    every = normx.explain(model, tokenizer, "the film was good", target="all", layer="all")  # 3 labels x 3 layers
+    table = render_table(every, color=False, max_columns=2)
+    assert "showing 2 of 9 label x layer columns; left out: layers 0; labels neutral, positive" in table
+    contrast = render_table(normx.explain(model, tokenizer, "the film", target="positive", foil="negative"),
+                            color=False)
+    assert "positive − negative" in contrast and "favour the label over negative" in contrast
+    regression_model, regression_tokenizer = tiny.build("BertForSequenceClassification", num_labels=1)
+    regression = render_table(normx.explain(regression_model, regression_tokenizer, "the film"), color=False)
+    assert "Regression: scores are not signed support" in regression and "support the label" not in regression
+    flat = render_table(normx.explain(model, tokenizer, "the film", method="l2norm"), color=False)
+    assert "do not depend on the label" in flat
+    decoder, bpe = tiny.build("GPT2LMHeadModel")
+    e = normx.explain(decoder, bpe, "the film was gripping")
+    assert any(t.startswith("Ġ") for t in e.tokens)  # the tokenizer's own spelling ...
+    rows = render_table(e, color=False).splitlines()
+    assert not any("Ġ" in row for row in rows) and any(row.split()[:1] == ["ing"] for row in rows)  # ... shown clean

@@ -5,6 +5,7 @@ import json
 import math
 import os
 import shlex
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -474,3 +475,13 @@ def test_minilm_sst2_reproduces_the_stored_summary(tmp_path, monkeypatch, capsys
                     (method, mode, metric)
                 assert fresh["methods"][method]["aopc"][mode][metric] == pytest.approx(
                     result["aopc"][mode][metric], abs=tolerance / 2)
+
+
+def test_without_matplotlib_the_figures_are_skipped_with_a_warning(tmp_path, monkeypatch):
+    model, tokenizer = tiny.build("BertForSequenceClassification")
+    report = faith.evaluate(model, tokenizer, tiny.TEXTS, ["random"], progress=False)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # not installed
+    monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: None if name == "matplotlib" else object())
+    with pytest.warns(UserWarning, match=r"matplotlib is not installed: the figures \(PNG\) are skipped"):
+        written = report.write(tmp_path)
+    assert sorted(f.name for f in written) == ["curves.csv", "summary.csv", "summary.json"]

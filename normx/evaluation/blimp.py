@@ -69,6 +69,7 @@ def split_pairs(pairs: Sequence[ev.Pair], split: str) -> list[ev.Pair]:
 
 # ---- preparing pairs for a model ---------------------------------------------------------------------------------
 
+
 def first_token(tokenizer, text: str, span: tuple[int, int]) -> int | None:
     """The id of the first token that overlaps the character span ``span`` of ``text`` (None if none does)."""
     enc = tokenizer(text, return_offsets_mapping=True, add_special_tokens=True)
@@ -149,6 +150,7 @@ def positions(explanation, item: Item, mask_token: str | None) -> tuple[list[int
 
 # ---- running the methods -----------------------------------------------------------------------------------------
 
+
 def resolve_methods(names: Sequence[str] | None) -> list[str]:
     """Method names to run (default: LogAt, NormXLogit, l2, random and whichever decomposition baselines are
     registered); unknown names raise, listing the registered ones."""
@@ -161,8 +163,6 @@ def resolve_methods(names: Sequence[str] | None) -> list[str]:
     for name in names:
         get_method(name)
     return names
-
-
 
 
 def _explain_batch(model, tokenizer, method, items: list[Item], seed: int) -> dict[str, list[tuple]]:
@@ -354,9 +354,6 @@ def _summarise(curves: dict, layers: list[int]) -> list[dict]:
 # ---- outputs -----------------------------------------------------------------------------------------------------
 
 
-
-
 # ---- command line ------------------------------------------------------------------------------------------------
-
 
 

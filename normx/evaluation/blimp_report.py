@@ -75,9 +75,9 @@ class BlimpReport:
              "split": c["split"], "sampled": c["sampled"], "evaluated": c["evaluated"],
              "skipped_for_model": "; ".join(f"{k}: {v}" for k, v in c["skipped_for_model"].items())}
             for key, c in self.coverage.items()])
-        if plots:
-            from .plots import plot_blimp
+        from .plots import can_plot, plot_blimp
 
+        if plots and can_plot():
             for metric in METRICS:
                 written.append(plot_blimp(self, metric, folder / f"{metric}.png"))
         return written

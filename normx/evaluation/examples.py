@@ -34,6 +34,7 @@ def load_examples(source: str, data_dir: str | None = None, limit: int | None = 
         examples = read_examples(source)
     return examples[:limit] if limit is not None else examples
 
+
 def read_examples(path: str | Path) -> list[glue.Example]:
     file = Path(path).expanduser()
     if not file.is_file():
@@ -62,6 +63,7 @@ def read_examples(path: str | Path) -> list[glue.Example]:
                                 + "; give every example a label, or none")
     return examples
 
+
 def _rows(file: Path) -> list[tuple[int, object]]:
     """(line number, row) of a TSV (by header) or JSONL file; clear errors for files that are not UTF-8 text."""
     rows = []
@@ -85,6 +87,7 @@ def _rows(file: Path) -> list[tuple[int, object]]:
         raise InvalidInputError(f"{file} is not UTF-8 text (an undecodable byte at offset {exc.start}); give a "
                                 "UTF-8 TSV or JSONL file") from None
     return rows
+
 
 def gold_labels(examples: Sequence, labels: LabelSpace, task: str | None = None) -> np.ndarray | None:
     """Gold labels as model columns (classification) or floats (regression); None when any example has none.

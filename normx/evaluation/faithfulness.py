@@ -157,6 +157,7 @@ def evaluate(model, tokenizer, examples: Sequence, methods: str | Sequence[str] 
         "batch_size": batch_size, "eval_batch_size": eval_batch_size, "explained_label_mismatches": mismatches})
     return FaithfulnessReport(settings, ks, labels.regression, _original(labels, original, gold), results, skipped)
 
+
 def _explain(normx, model, tokenizer, texts, pairs, name, options, batch_size, max_length, progress):
     explanations = []
     chunks = range(0, len(texts), batch_size)
@@ -170,6 +171,7 @@ def _explain(normx, model, tokenizer, texts, pairs, name, options, batch_size, m
                                       text_pair=chunk_pairs, batch_size=batch_size, max_length=max_length,
                                       **options)
     return explanations
+
 
 def _aligned_items(encoded, explanations, items: list[Item] | None, method: str) -> list[Item]:
     """The inputs as :class:`Item` with their pooled positions, after checking that every explanation covers
@@ -186,8 +188,10 @@ def _aligned_items(encoded, explanations, items: list[Item] | None, method: str)
         out.append(_item(enc, pooled))
     return out
 
+
 def _item(encoded, pooled: int) -> Item:
     return Item(tuple(encoded.ids), tuple(encoded.special), pooled, {k: tuple(v) for k, v in encoded.extra.items()})
+
 
 def _method_names(methods) -> list[str]:
     if methods is None or methods == "all":
@@ -199,12 +203,14 @@ def _method_names(methods) -> list[str]:
         get_method(name)  # raises UnknownMethodError listing the registered methods
     return list(dict.fromkeys(names))
 
+
 def _method_options(names: list[str], given: Mapping[str, Mapping] | None) -> dict[str, dict]:
     given = dict(given or {})
     unknown = sorted(set(given) - set(names))
     if unknown:
         raise InvalidInputError(f"method_options names {unknown}, which are not among the evaluated methods {names}")
     return {name: get_method(name).resolve_options(dict(given.get(name, {}))) for name in names}
+
 
 def _check_ks(ks) -> tuple[float, ...]:
     try:
@@ -217,6 +223,7 @@ def _check_ks(ks) -> tuple[float, ...]:
         raise InvalidInputError(f"ks needs at least one ratio strictly between 0 and 1 for the AOPC, got {ks!r}")
     return values
 
+
 def _original(labels: LabelSpace, original: np.ndarray, gold) -> dict:
     if labels.regression:
         return {"pearson": pearson(original[:, 0], gold)}
@@ -225,6 +232,7 @@ def _original(labels: LabelSpace, original: np.ndarray, gold) -> dict:
     if gold is not None:
         out["accuracy"] = float((probs.argmax(-1) == gold).mean())
     return out
+
 
 def _settings(model, labels: LabelSpace, encoded, protocol: dict) -> dict:
     """The report's settings: the model's, the protocol's (``protocol``: data, ks, perturbation, batch sizes...),

@@ -41,6 +41,7 @@ def add_parser(subparsers):
     parser.set_defaults(func=run)
     return parser
 
+
 def run(args) -> int:
     import normx
 
@@ -64,11 +65,11 @@ def run(args) -> int:
                       skip_unsupported=methods is None, data=args.data)
     report.settings["model"] = args.model
     report.settings["command"] = _command(args)
-    report.write(args.out, plots=not args.no_plots)
+    written = report.write(args.out, plots=not args.no_plots)
     print(format_table(report))
-    print(f"wrote {args.out}/summary.json, curves.csv, summary.csv" + ("" if args.no_plots else
-          ", comprehensiveness.png, sufficiency.png"))
+    print(f"wrote {args.out}/: {', '.join(file.name for file in written)}")
     return 0
+
 
 def _command(args) -> str:
     parts = ["normx evaluate faithfulness", f"--model {args.model}", f"--data {args.data}"]

@@ -21,6 +21,7 @@ def aopc(curve: Sequence[float], ks: Sequence[float] = K_VALUES) -> float:
         raise InvalidInputError(f"need one value per K ({len(ks)}) and at least one K strictly between 0 and 1")
     return float(np.mean(values))
 
+
 def pearson(x: np.ndarray, y: np.ndarray) -> float:
     """Pearson's r; NaN when either side is constant (e.g. every input perturbed to the same sequence)."""
     x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
@@ -28,11 +29,13 @@ def pearson(x: np.ndarray, y: np.ndarray) -> float:
     denominator = math.sqrt(float((dx * dx).sum()) * float((dy * dy).sum()))
     return float((dx * dy).sum() / denominator) if denominator > 0 else float("nan")
 
+
 def softmax(logits: np.ndarray) -> np.ndarray:
     z = np.asarray(logits, dtype=np.float64)
     z = z - z.max(axis=-1, keepdims=True)
     e = np.exp(z)
     return e / e.sum(axis=-1, keepdims=True)
+
 
 def classification_values(original: np.ndarray, perturbed: np.ndarray, gold: np.ndarray | None
                           ) -> dict[str, np.ndarray]:
@@ -47,10 +50,12 @@ def classification_values(original: np.ndarray, perturbed: np.ndarray, gold: np.
         values["accuracy"] = (probs.argmax(-1) == gold[:, None]).astype(np.float64)
     return values
 
+
 def classification_curves(original: np.ndarray, perturbed: np.ndarray, gold: np.ndarray | None
                           ) -> dict[str, np.ndarray]:
     """Per-K curves (the per-example values averaged over examples)."""
     return {metric: values.mean(0) for metric, values in classification_values(original, perturbed, gold).items()}
+
 
 def standard_error(values: np.ndarray, ks: Sequence[float] = K_VALUES) -> float:
     """The standard error of the AOPC over examples: per-example AOPCs (rows of ``values`` [N, K] averaged over
@@ -60,6 +65,7 @@ def standard_error(values: np.ndarray, ks: Sequence[float] = K_VALUES) -> float:
     if len(per_example) < 2:
         return float("nan")
     return float(per_example.std(ddof=1) / math.sqrt(len(per_example)))
+
 
 def regression_curves(perturbed: np.ndarray, gold: np.ndarray) -> dict[str, np.ndarray]:
     predictions = perturbed[..., 0]  # [N, K]

@@ -31,6 +31,18 @@ BETTER = {("comprehensiveness", "confidence_drop"): "higher is better",
 MARKERS = "osD^v<>pP*hX"
 
 
+def can_plot() -> bool:
+    """Whether matplotlib is installed; if not, a warning says the figures are skipped and how to get them."""
+    import importlib.util
+    import warnings
+
+    if importlib.util.find_spec("matplotlib") is not None:
+        return True
+    warnings.warn("matplotlib is not installed: the figures (PNG) are skipped, everything else is written; "
+                  "pip install 'normx[eval]' for them", stacklevel=3)
+    return False
+
+
 def plot_mode(report, mode: str, path: str | Path) -> Path:
     """One PNG for ``mode`` (``"comprehensiveness"`` or ``"sufficiency"``): a panel per metric."""
     try:

@@ -28,6 +28,7 @@ class MethodResult:
     options: dict = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)  # explain / perturb
 
+
 @dataclass
 class FaithfulnessReport:
     """The faithfulness of several methods on one model and data set."""
@@ -132,11 +133,12 @@ class FaithfulnessReport:
             writer.writeheader()
             for row in rows:
                 writer.writerow({k: _csv_float(v) if k in ("aopc", "standard_error") else v for k, v in row.items()})
-        if plots and self.results:
-            from .plots import plot_mode
+        from .plots import can_plot, plot_mode
 
+        if plots and self.results and can_plot():
             written += [plot_mode(self, mode, out / f"{mode}.png") for mode in MODES]
         return written
+
 
 def format_table(report: FaithfulnessReport) -> str:
     """A plain-text table of the AOPCs, one row per method."""
@@ -159,11 +161,14 @@ def format_table(report: FaithfulnessReport) -> str:
         lines.append(f"skipped {method}: {why}")
     return "\n".join(lines)
 
+
 def _json_float(value):
     return None if value is None or not math.isfinite(value) else float(value)
 
+
 def _csv_float(value):
     return "" if value is None or not math.isfinite(value) else f"{value:.6f}"
+
 
 def _plain(value):
     if isinstance(value, dict):
