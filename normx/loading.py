@@ -46,6 +46,8 @@ def load_model(name_or_path: str | Path, *, task: str | None = None, dtype=None,
         return _ready(model, tokenizer, device)
     if _looks_local(source) and not path.exists():
         raise ModelLoadError(f"no model folder at {path}; give an existing folder or a hub id")
+    if not path.exists():
+        _check_hub_id(source)
     if dtype is not None:
         kwargs["dtype"] = dtype
     if (path / "adapter_config.json").is_file():
@@ -54,6 +56,36 @@ def load_model(name_or_path: str | Path, *, task: str | None = None, dtype=None,
         model = _load_transformers(source, task, kwargs)
         tokenizer = _load_tokenizer(source, kwargs)
     return _ready(model, tokenizer, device)
+
+
+def _check_hub_id(source: str) -> None:
+    """A hub id must be in the local Hugging Face cache or the hub must be reachable: otherwise fail at once, with
+    the presets (transformers would retry for half a minute before saying it cannot connect)."""
+    try:
+        transformers.AutoConfig.from_pretrained(source, local_files_only=True, trust_remote_code=False)
+        return  # cached
+    except (OSError, ValueError):
+        pass
+    if not _hub_reachable():
+        raise ModelLoadError(
+            f"{source!r} is not a preset (`normx models`: {', '.join(PRESETS)}), not a local folder and not in "
+            "the Hugging Face cache, and the hub cannot be reached from here to download it")
+
+
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether a TCP connection to the hub endpoint opens within ``timeout`` ($HF_HUB_OFFLINE=1: never tried)."""
+    import os
+    import socket
+    from urllib.parse import urlparse
+
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+        return False
+    endpoint = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    try:
+        socket.create_connection((endpoint.hostname, endpoint.port or 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
 
 
 def _ready(model, tokenizer, device):

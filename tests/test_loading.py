@@ -73,3 +73,27 @@ def test_smollm2_preset_predicts_paris():
         logits = model(**enc).logits[0, -1]
     paris = tokenizer.convert_tokens_to_ids("ĠParis")
     assert e.probabilities["ĠParis"] == pytest.approx(float(logits.softmax(-1)[paris]), abs=1e-5)
+
+
+def test_an_unknown_name_fails_at_once_offline_and_lists_the_presets(monkeypatch, capsys):
+    import time
+
+    from normx import loading
+    from normx.cli import main
+
+    monkeypatch.setattr(loading, "_hub_reachable", lambda timeout=3.0: False)  # no traffic leaves this machine
+    start = time.perf_counter()
+    with pytest.raises(normx.ModelLoadError, match=r"'no-such-preset' is not a preset \(`normx models`: "
+                                                    r"minilm-sst2, .*\), not a local folder and not in the Hugging"):
+        normx.load_model("no-such-preset")
+    assert time.perf_counter() - start < 10
+    assert main(["explain", "--model", "no-such-preset", "a film"]) == 2
+    assert "normx models" in capsys.readouterr().err
+
+
+def test_hf_hub_offline_means_unreachable(monkeypatch):
+    from normx import loading
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr("socket.create_connection", lambda *a, **k: pytest.fail("no connection may be tried"))
+    assert loading._hub_reachable() is False
