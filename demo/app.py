@@ -6,7 +6,6 @@ a request and its state :mod:`normx.session`, what the page shows :mod:`normx.vi
 from __future__ import annotations
 
 import functools
-import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -25,8 +24,6 @@ import gradio as gr
 from normx import serving, session, views
 from normx.budget import WorkGate
 
-log = logging.getLogger("normx.demo")
-
 DEFAULT_MODEL = "minilm-sst2"
 CONCURRENCY = 32  # requests served at once; expensive ones (normx.budget.WorkGate) one at a time among them
 CSS = "#normx-prediction {font-size: 1.1em}\n.normx-view .textfield {font-size: 1.05em; line-height: 1.9}\n"
@@ -44,7 +41,7 @@ def _guard(fn):
         except normx.NormxError as exc:
             raise gr.Error(str(exc) or type(exc).__name__, print_exception=False) from None
         except Exception as exc:  # anything else: show it, log it, keep serving
-            log.exception("demo handler failed")
+            serving.log.exception("demo handler failed")
             raise gr.Error(f"{type(exc).__name__}: {str(exc) or type(exc).__name__}") from None
 
     return wrapper
@@ -102,22 +99,22 @@ class Demo:
         return [state, picker_a, picker_b, *self.render(state, layer, unit, show_special, step, a, b,
                                                         compare_methods)]
 
-    def on_contrast(self, state, layer, unit, show_special, step, a, b, compare_methods):
+    def on_contrast(self, state, layer, unit, show_special, step, label_a, label_b, compare_methods):
         if state:
-            session.ensure_contrast(state, self.cache, int(step or 0), a, b, self.gate)
-        return [state, *self.render(state, layer, unit, show_special, step, a, b, compare_methods)]
+            session.ensure_contrast(state, self.cache, int(step or 0), label_a, label_b, self.gate)
+        return [state, *self.render(state, layer, unit, show_special, step, label_a, label_b, compare_methods)]
 
-    def on_compare(self, state, layer, unit, show_special, step, a, b, compare_methods):
+    def on_compare(self, state, layer, unit, show_special, step, label_a, label_b, compare_methods):
         if not state:
             raise gr.Error("explain a text first, then compare methods on it")
         for error in session.compare_request(state, self.cache, list(compare_methods or []), int(step or 0),
                                              self.gate):
             gr.Warning(error)
-        return [state, *self.render(state, layer, unit, show_special, step, a, b, compare_methods)]
+        return [state, *self.render(state, layer, unit, show_special, step, label_a, label_b, compare_methods)]
 
-    def render(self, state, layer, unit, show_special, step, a, b, compare_methods) -> list:
+    def render(self, state, layer, unit, show_special, step, label_a, label_b, compare_methods) -> list:
         """Every view from the state (:func:`normx.views.page_view`); never computes an explanation."""
-        view = views.page_view(state, self._tokenizer(state), layer, unit, show_special, step, a, b,
+        view = views.page_view(state, self._tokenizer(state), layer, unit, show_special, step, label_a, label_b,
                                compare_methods or [])
         labels = [gr.update(value=value, label=title, visible=True) for title, value in view.labels]
         labels += [gr.update(**HIDDEN)] * (views.MAX_LABEL_VIEWS - len(labels))
@@ -172,7 +169,8 @@ class Demo:
                     text = gr.Textbox(label="Text", lines=2, max_length=session.MAX_CHARS, elem_id="normx-text",
                                       placeholder="A sentence (the premise for sentence-pair models, a prompt for LMs)")
                     pair = gr.Textbox(label="Second text", info="sentence-pair models (NLI, STS-B): the hypothesis "
-                                      "or second sentence", lines=1, max_length=session.MAX_CHARS, elem_id="normx-pair",
+                                      "or second sentence", value="", lines=1, max_length=session.MAX_CHARS,
+                                      elem_id="normx-pair",
                                       visible=info["inputs"] != "single" and info["task"] != "causal-lm")
                     steps = gr.Slider(1, session.MAX_CONTINUATION, value=session.DEFAULT_CONTINUATION, step=1,
                                       label="Tokens to generate and explain (causal LMs)",
@@ -182,7 +180,7 @@ class Demo:
                         gr.Examples(examples=examples, inputs=[model, text, pair], cache_examples=False,
                                     label="Examples (model, text, second text)", examples_per_page=8)
                 with gr.Column(scale=6, min_width=420):
-                    prediction = gr.Markdown(elem_id="normx-prediction")
+                    prediction = gr.Markdown(label="Prediction", elem_id="normx-prediction")
                     probs = gr.Label(label="Probabilities", num_top_classes=6, visible=False, show_heading=False,
                                      elem_id="normx-probabilities")
                     with gr.Row():
@@ -192,7 +190,7 @@ class Demo:
                         unit = gr.Radio(["word", "subword"], value="word", label="Units", elem_id="normx-unit",
                                         scale=2)
                         show_special = gr.Checkbox(value=False, label="Special tokens", scale=1, min_width=100)
-                    step = gr.Radio(choices=[], value=None, label="Explained prediction (greedy step)",
+                    step = gr.Radio(choices=[0], value=0, label="Explained prediction (greedy step)",
                                     visible=False, elem_id="normx-step")
                     gr.Markdown(views.LEGEND)
                     with gr.Tabs():
@@ -203,8 +201,9 @@ class Demo:
                                            for i in range(views.MAX_LABEL_VIEWS)]
                         with gr.Tab("Contrast"):
                             with gr.Row():
-                                contrast_a = gr.Dropdown(choices=[], label="Label A (red)", elem_id="normx-contrast-a")
-                                contrast_b = gr.Dropdown(choices=[], label="Label B (purple)",
+                                contrast_a = gr.Dropdown(choices=[""], value="", label="Label A (red)",
+                                                         elem_id="normx-contrast-a")
+                                contrast_b = gr.Dropdown(choices=[""], value="", label="Label B (purple)",
                                                          elem_id="normx-contrast-b")
                             contrast = gr.HighlightedText(label="contrast", show_legend=True, visible=True,
                                                           elem_classes="normx-view", elem_id="normx-contrast")
@@ -231,17 +230,16 @@ class Demo:
             button.click(_guard(self.explain), explain_inputs, explain_outputs, api_name="explain")
             text.submit(_guard(self.explain), explain_inputs, explain_outputs, api_visibility="private")
             # the slider, the toggles and the compare picks re-render from the state (no forward pass)
-            rerender = _guard(lambda s, la, u, sp, st, a, b, cm: self.render(s, la, u, sp, st, a, b, cm))
+            rerender = _guard(self.render)
+            layer.release(rerender, compare_inputs, shown, api_name="render", concurrency_limit=None)  # named first
             for control in (layer, unit, show_special, compare_methods):
                 control.input(rerender, compare_inputs, shown, api_visibility="private", concurrency_limit=None)
-            layer.release(rerender, compare_inputs, shown, api_name="render", concurrency_limit=None)
             step.input(_guard(self.on_step), [*view_inputs, compare_methods], [state, contrast_a, contrast_b, *shown],
                        api_visibility="private")
-            for picker in (contrast_a, contrast_b):
-                picker.input(_guard(self.on_contrast), compare_inputs, [state, *shown], api_visibility="private")
+            gr.on([contrast_a.input, contrast_b.input], _guard(self.on_contrast), compare_inputs, [state, *shown],
+                  api_visibility="private")
             compare_button.click(_guard(self.on_compare), compare_inputs, [state, *shown], api_name="compare")
-        # requests run concurrently (normx.explain is thread-safe); the work gate runs expensive ones one at a time
-        blocks.queue(default_concurrency_limit=CONCURRENCY, max_size=64)
+        blocks.queue(default_concurrency_limit=CONCURRENCY, max_size=64)  # explain is thread-safe; see the gate
         return blocks
 
 

@@ -7,6 +7,8 @@ from ``tiny`` registered in the demo's model cache, and the ``minilm-sst2`` pres
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -420,3 +422,22 @@ def test_smollm2_preset_continues_and_explains():
     state = out[0]
     assert len(state.steps) == 3 and "Paris" in state.continuation
     assert texts_of(values(out[7])) == "The capital of France is"
+
+
+def test_api_endpoints_have_meaningful_names_and_optional_inputs(cache, folder):
+    from gradio_client import Client
+
+    blocks = app.build_demo(cache=cache, default_model=folder, locked=False)
+    with serve(blocks) as url:
+        api = Client(url, verbose=False, download_files=False).view_api(return_format="dict", print_info=False)
+    endpoints = api["named_endpoints"]
+    assert set(endpoints) == {"/explain", "/render", "/compare"}
+    explain = {p["parameter_name"]: p["parameter_has_default"] for p in endpoints["/explain"]["parameters"]}
+    assert explain == {"model_name": True, "text": False, "pair": True, "method": True, "steps": True, "unit": True,
+                       "show_special": True, "compare_methods": True}  # only the text is required
+    render = [p["parameter_name"] for p in endpoints["/render"]["parameters"]]
+    assert render == ["layer", "unit", "show_special", "step", "label_a", "label_b", "compare_methods"]
+    for endpoint in endpoints.values():
+        assert all(p["parameter_has_default"] for p in endpoint["parameters"] if p["parameter_name"] != "text")
+        labels = [r.get("label") for r in endpoint["returns"]]
+        assert not any(label is None or re.fullmatch(r"value_\d+", label) for label in labels), labels
