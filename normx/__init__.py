@@ -4,10 +4,15 @@
 
 >>> model, tokenizer = normx.load_model("path/or/hub-id")
 >>> explanation = normx.explain(model, tokenizer, "a gripping, beautifully acted film")
+
+``import normx`` is instant: the names below (and the submodules) load on first use, so that commands such as
+``normx --help`` or ``normx models`` never import torch.
 """
 
-from . import decompx, gradients, logat, mixing  # noqa: F401  (the built-in methods register themselves)
-from .adapters import Adapter, get_adapter, register_adapter, supported_models
+from __future__ import annotations
+
+import importlib
+
 from .errors import (
     EmptyTextError,
     HookNotFiredError,
@@ -23,13 +28,34 @@ from .errors import (
     UnsupportedModelError,
     WorkBudgetError,
 )
-from .hooks import capture
-from .methods import Method, Option, describe_methods, list_methods, register_method
-from .pipeline import explain
-from .presets import list_presets
-from .result import Explanation
 
 __version__ = "0.1.0"
+
+# public name -> the module that defines it (imported on first access)
+_LAZY = {
+    "Adapter": "adapters", "get_adapter": "adapters", "register_adapter": "adapters", "supported_models": "adapters",
+    "capture": "hooks", "Method": "methods", "Option": "methods", "describe_methods": "methods",
+    "list_methods": "methods", "register_method": "methods", "explain": "pipeline", "list_presets": "presets",
+    "Explanation": "result",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    else:
+        try:  # a submodule: normx.methods, normx.mixing, ...
+            value = importlib.import_module(f".{name}", __name__)
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__name__}.{name}":
+                raise
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
 
 
 def attribute_dataset(model, tokenizer, source, out, **kwargs):
@@ -48,31 +74,9 @@ def load_model(name_or_path: str = "minilm-sst2", **kwargs):
 
 
 __all__ = [
-    "Adapter",
-    "EmptyTextError",
-    "Explanation",
-    "HookNotFiredError",
-    "InputTooLongError",
-    "InvalidInputError",
-    "LayerOutOfRangeError",
-    "Method",
-    "ModelLoadError",
-    "NormxError",
-    "Option",
-    "PairNotSupportedError",
-    "PairRequiredError",
-    "UnknownMethodError",
-    "UnknownTargetError",
-    "UnsupportedModelError",
-    "WorkBudgetError",
-    "capture",
-    "describe_methods",
-    "explain",
-    "get_adapter",
-    "list_methods",
-    "list_presets",
-    "load_model",
-    "register_adapter",
-    "register_method",
-    "supported_models",
+    "Adapter", "EmptyTextError", "Explanation", "HookNotFiredError", "InputTooLongError", "InvalidInputError",
+    "LayerOutOfRangeError", "Method", "ModelLoadError", "NormxError", "Option", "PairNotSupportedError",
+    "PairRequiredError", "UnknownMethodError", "UnknownTargetError", "UnsupportedModelError", "WorkBudgetError",
+    "attribute_dataset", "capture", "describe_methods", "explain", "get_adapter", "list_methods", "list_presets",
+    "load_model", "register_adapter", "register_method", "supported_models",
 ]

@@ -9,10 +9,17 @@ import sys
 import warnings
 
 from .errors import InvalidInputError, NormxError
-from .method_flags import add_method_flags, given_options
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser. ``command``: the subcommand about to run; only its heavy parts are built (the method flags
+    come from the method registry, the evaluate subcommands from the evaluation modules), so that ``normx --help``
+    and the light commands never import torch. ``None`` builds everything."""
+    from .method_flags import add_method_flags
+
+    def heavy(name: str) -> bool:
+        return command is None or command == name
+
     parser = argparse.ArgumentParser(prog="normx", description="NormXLogit token attributions for HF models.")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -34,7 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--word-aggregation", default=None, choices=["sum", "mean", "max", "absmax"],
                     help="how subword scores make a word's score (implies --words; default sum)")
     ex.add_argument("--truncation", default="warn", choices=["warn", "error"])
-    add_method_flags(ex)
+    if heavy("explain"):
+        add_method_flags(ex)
     ex.add_argument("--gguf-file", default=None, help="load a GGUF checkpoint file inside the model folder")
     ex.add_argument("--json", action="store_true", help="print one JSON object with a `results` list")
     ex.add_argument("--no-color", action="store_true", help="plain table without ANSI colours")
@@ -60,7 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     at.add_argument("--batch-size", type=int, default=None,
                     help="fixed batches of N rows in input order instead of length buckets")
     at.add_argument("--no-progress", action="store_true")
-    add_method_flags(at)
+    if heavy("attribute"):
+        add_method_flags(at)
 
     sub.add_parser("methods", help="list the attribution methods")
     models = sub.add_parser("models", help="list the offline preset models")
@@ -73,9 +82,12 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--seed", type=int, default=0)
     tr.add_argument("--no-progress", action="store_true")
     sub.add_parser("supported", help="list the supported model classes")
-    from .evaluation.commands import add_evaluate_parser
+    if heavy("evaluate"):
+        from .evaluation.commands import add_evaluate_parser
 
-    add_evaluate_parser(sub)
+        add_evaluate_parser(sub)
+    else:
+        sub.add_parser("evaluate", help="evaluate explanations: faithfulness, blimp")
     sub.add_parser("demo", add_help=False,
                    help="serve the Gradio demo (demo/app.py; `normx demo --help` for its options)")
     return parser
@@ -85,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["demo"]:  # the demo app parses its own options
         return _demo(argv[1:])
-    args = build_parser().parse_args(argv)
+    command = next((a for a in argv if not a.startswith("-")), "")  # "": no subcommand (top-level help or usage)
+    args = build_parser(command).parse_args(argv)
     try:
         return _run(args)
     except NormxError as exc:
@@ -96,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args) -> int:
     import normx
 
-    _quiet_transformers()
+    if args.command not in ("methods", "models", "supported"):  # the light commands never import transformers
+        _quiet_transformers()
     if args.command == "methods":
         for name, description in normx.describe_methods().items():
             print(f"{name:<20} {description}")
@@ -119,10 +133,13 @@ def _run(args) -> int:
     normx.methods.get_method(args.method)
     layer = args.layer if args.layer in (None, "all") else _layer(args.layer)
     texts = _texts(args.texts)
+    _check_labels(args.model, [*(args.target or []), *([args.foil] if args.foil else [])])
     kwargs = {"gguf_file": args.gguf_file} if args.gguf_file else {}
     model, tokenizer = normx.load_model(args.model, **kwargs)
     target = _target(args.target)
     pairs = None if args.pair is None else [args.pair] * len(texts)
+    from .method_flags import given_options
+
     options = given_options(args)
     results = normx.explain(model, tokenizer, texts, method=args.method, target=target, layer=layer,
                             text_pair=pairs, foil=None if args.foil is None else _maybe_int(args.foil),
@@ -141,6 +158,7 @@ def _run(args) -> int:
 
 def _attribute(args) -> int:
     import normx
+    from normx import method_flags
     from normx.bulk import attribute_dataset
 
     normx.methods.get_method(args.method)
@@ -156,10 +174,39 @@ def _attribute(args) -> int:
     run = attribute_dataset(model, tokenizer, args.data, args.out, method=args.method, target=target, layer=layer,
                             text_column=args.text_column, pair_column=args.pair_column, limit=args.limit,
                             shard_size=args.shard_size, max_tokens=args.max_tokens, batch_size=args.batch_size,
-                            progress=not args.no_progress, **given_options(args))
+                            progress=not args.no_progress, **method_flags.given_options(args))
     if run.rank == 0:
         print(run.summary(), file=sys.stderr)
     return 0
+
+
+def _known_labels(model: str) -> list[str] | None:
+    """A classifier's label names, read without loading it (a preset's, or a folder's config.json); None when they
+    cannot be known so (hub ids, LM heads, regression)."""
+    from pathlib import Path
+
+    from .presets import PRESETS
+
+    if model in PRESETS and not Path(model).exists():
+        labels = list(PRESETS[model].labels)
+        return labels if PRESETS[model].task == "sequence-classification" and len(labels) > 1 else None
+    config = Path(model).expanduser() / "config.json"
+    if not config.is_file():
+        return None
+    names = json.loads(config.read_text()).get("id2label") or {}
+    return [names[k] for k in sorted(names, key=int)] if len(names) > 1 else None
+
+
+def _check_labels(model: str, given: list[str]) -> None:
+    """Label names that the model does not have are reported before it loads (indices and 'all' pass)."""
+    labels = _known_labels(model)
+    if not labels:
+        return
+    lowered = {label.lower() for label in labels}
+    for value in given:
+        if value != "all" and not value.strip().lstrip("-").isdigit() and value.lower() not in lowered:
+            raise InvalidInputError(f"label {value!r} is not a label of {model}; its labels are {labels} (or indices "
+                                    f"0..{len(labels) - 1}, or 'all')")
 
 
 def _target(target):

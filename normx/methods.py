@@ -14,12 +14,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
-import torch
 
 from .adapters import Adapter, get_adapter
 from .errors import InvalidInputError, UnknownMethodError
 
 if TYPE_CHECKING:
+    import torch
+
     from .forward import Pass
     from .targets import LabelSpace
 
@@ -170,9 +171,24 @@ RESERVED_OPTIONS = frozenset({
 
 
 _METHODS: dict[str, Method] = {}
+# the modules whose import registers the built-in methods; imported on the registry's first use, so that importing
+# normx (or this registry) stays light, and there is no import cycle: they import this module, not the reverse
+BUILTIN_MODULES = ("normx.logat", "normx.gradients", "normx.decompx", "normx.mixing")
+_builtins_loaded = False
+
+
+def _load_builtins() -> None:
+    global _builtins_loaded
+    if not _builtins_loaded:
+        _builtins_loaded = True
+        import importlib
+
+        for module in BUILTIN_MODULES:
+            importlib.import_module(module)
 
 
 def register_method(method: Method, *, overwrite: bool = False) -> None:
+    _load_builtins()
     if not isinstance(method, Method):
         raise TypeError(f"method must be a normx.methods.Method, got {type(method).__name__}")
     clash = sorted(RESERVED_OPTIONS & set(method.options))
@@ -184,6 +200,7 @@ def register_method(method: Method, *, overwrite: bool = False) -> None:
 
 
 def get_method(name: str) -> Method:
+    _load_builtins()
     if not isinstance(name, str) or name not in _METHODS:
         raise UnknownMethodError(f"unknown method {name!r}; available methods: {', '.join(list_methods())}")
     return _METHODS[name]
@@ -191,6 +208,7 @@ def get_method(name: str) -> Method:
 
 def list_methods() -> list[str]:
     """Names of the registered attribution methods."""
+    _load_builtins()
     return sorted(_METHODS)
 
 
@@ -201,6 +219,7 @@ def describe_methods() -> dict[str, str]:
 def display_name(name: str) -> str:
     """A method's display name (``Method.display``); the name itself for one not registered here (e.g. a method
     in a stored report)."""
+    _load_builtins()
     return _METHODS[name].display if name in _METHODS else name
 
 

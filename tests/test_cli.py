@@ -141,3 +141,28 @@ def test_table_says_what_it_shows():
     assert any(t.startswith("Ġ") for t in e.tokens)  # the tokenizer's own spelling ...
     rows = render_table(e, color=False).splitlines()
     assert not any("Ġ" in row for row in rows) and any(row.split()[:1] == ["ing"] for row in rows)  # ... shown clean
+
+
+def test_light_commands_never_import_torch():
+    """`normx --help`, `normx models`, `normx supported` and usage errors of them answer without torch (faster than
+    `python -c "import torch"`)."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom normx.cli import main\nfor argv in ({}):\n    try:\n        main(argv)\n"
+            "    except SystemExit:\n        pass\nprint('torch' in sys.modules, 'transformers' in sys.modules)")
+    for argv in (["--help"], ["models"], ["supported"], ["nope"]):
+        done = subprocess.run([sys.executable, "-c", code.format(repr(argv) + ",")], capture_output=True, text=True,
+                              timeout=120)
+        assert done.stdout.strip().splitlines()[-1] == "False False", (argv, done.stdout[-500:], done.stderr[-500:])
+
+
+def test_unknown_label_is_reported_before_the_model_loads(folder, capsys, monkeypatch):
+    from normx import loading
+
+    monkeypatch.setattr(loading, "load_model", lambda *a, **k: pytest.fail("the model must not load"))
+    assert main(["explain", "--model", "minilm-sst2", "--target", "positve", "a film"]) == 2
+    assert "label 'positve' is not a label of minilm-sst2; its labels are ['negative', 'positive']" in \
+        capsys.readouterr().err
+    assert main(["explain", "--model", folder, "--foil", "neutral", "a film"]) == 2  # a folder: its config.json
+    assert "its labels are ['negative', 'positive']" in capsys.readouterr().err

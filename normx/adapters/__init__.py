@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from torch import nn
+from typing import TYPE_CHECKING
 
 from ..errors import UnsupportedModelError
 from .base import Adapter, active_module, linear_columns
 from .families import builtin_adapters
+
+if TYPE_CHECKING:
+    from torch import nn
 
 _REGISTRY: dict[str, Adapter] = builtin_adapters()
 

@@ -6,17 +6,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-import torch
-import torch.nn.functional as F
-from torch import nn
+if TYPE_CHECKING:  # torch is imported by the functions that run models, not on import (instant `normx supported`)
+    import torch
+    from torch import nn
 
-if TYPE_CHECKING:
     from .encoder import BlockLayout
 
 Kind = Literal["sequence_classification", "masked_lm", "causal_lm"]
 Pooling = Literal["first", "last", "mask"]
-ModuleRef = str | Callable[[nn.Module], nn.Module]
-HeadFn = Callable[[nn.Module, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
+ModuleRef = "str | Callable[[nn.Module], nn.Module]"
+HeadFn = "Callable[[nn.Module, torch.Tensor, torch.Tensor | None], torch.Tensor]"
 
 
 @dataclass(frozen=True)
@@ -121,6 +120,9 @@ def active_module(module: nn.Module) -> nn.Module:
 
 def linear_columns(layer: nn.Module, x: torch.Tensor, columns: torch.Tensor | None) -> torch.Tensor:
     """``layer(x)[..., columns]`` without computing the other columns when ``layer`` is a plain Linear."""
+    import torch.nn.functional as F
+    from torch import nn
+
     layer = active_module(layer)
     if columns is None:
         return layer(x)

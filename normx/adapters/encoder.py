@@ -8,13 +8,12 @@ for DecompX, ``head_steps``); nothing about a family is written anywhere else.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
-
-import torch
-import torch.nn.functional as F
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 from .base import active_module
+
+if TYPE_CHECKING:
+    from torch import nn
 
 PARTS = ("attention", "value", "attention_out", "ln1", "ffn_in", "ffn_act", "ffn_activation", "ffn_out", "ln2")
 
@@ -69,6 +68,8 @@ def bert_classifier_steps(model) -> list[Step]:  # pooler dense, tanh, classifie
 
 
 def roberta_classifier_steps(model) -> list[Step]:  # RoBERTa and XLM-R: dense, tanh, out_proj
+    import torch
+
     head = active_module(model.classifier)
     return [_linear(head.dense), Step("activation", torch.tanh), _linear(head.out_proj)]
 
@@ -86,6 +87,8 @@ def bert_mlm_steps(model) -> list[Step]:
 
 
 def roberta_mlm_steps(model) -> list[Step]:
+    import torch.nn.functional as F
+
     head = active_module(model.lm_head)
     return [_linear(head.dense), Step("activation", F.gelu), Step("layer_norm", head.layer_norm),
             _linear(head.decoder)]

@@ -6,9 +6,7 @@ a length-1 sequence (``h[:, None, :]``), so the model's own head modules run unc
 
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
-from torch import nn
+from typing import TYPE_CHECKING
 
 from .base import Adapter, active_module, linear_columns
 from .encoder import (
@@ -20,6 +18,10 @@ from .encoder import (
     roberta_classifier_steps,
     roberta_mlm_steps,
 )
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
 
 
 def _first_token(h: torch.Tensor) -> torch.Tensor:
@@ -41,6 +43,8 @@ def _deberta_cls(model, h, columns=None):
 
 
 def _distilbert_cls(model, h, columns=None):
+    import torch
+
     return model.classifier(torch.relu(model.pre_classifier(h)))
 
 
@@ -56,6 +60,8 @@ def _bert_mlm(model, h, columns=None):
 
 
 def _roberta_mlm(model, h, columns=None):
+    import torch.nn.functional as F
+
     head = active_module(model.lm_head)
     x = head.layer_norm(F.gelu(head.dense(h)))
     return linear_columns(head.decoder, x, columns)
