@@ -61,9 +61,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from numbers import Integral
 
-import torch
-from torch import nn
-
+from ._torch import nn, torch
 from .decompx_model import (
     BlockWeights,
     Recording,

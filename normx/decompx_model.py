@@ -7,9 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-from torch import nn
-
+from ._torch import nn, torch
 from .adapters import Adapter, active_module, get_adapter, registered_adapters, unwrap_model
 from .adapters.encoder import BlockLayout, Step
 from .errors import UnsupportedModelError

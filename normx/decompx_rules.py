@@ -5,11 +5,10 @@ activations), and :func:`propagate` / :func:`decompose_head` chain them through 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Sequence
 
-import torch
-import torch.nn.functional as F
-
+from ._torch import F, torch
 from .adapters.encoder import Step
 from .decompx_model import BlockWeights, Recording, _layer_norm_parameters, affine
 
@@ -19,6 +18,16 @@ FAST_FFN_SOURCES = 2  # the FFN goes through per-target H x H matrices when sour
 
 
 # ---- the decomposition rules -----------------------------------------------------------------------------------------
+
+
+def _no_grad(fn):
+    """``torch.no_grad()`` around ``fn`` (generators too), applied at call time: importing this module does not
+    import torch."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        return torch.no_grad()(fn)(*args, **kwargs)
+
+    return wrapper
 
 
 def share_bias(parts: torch.Tensor, bias: torch.Tensor, rule: str = "absdot",
@@ -122,9 +131,7 @@ def _block(state: torch.Tensor, w: BlockWeights, probs: torch.Tensor, ln1_in: to
         state[:, t] = layer_norm(x + f, ln2_in[t], *w.ln2, include_biases, rule)
 
 
-@torch.no_grad()
-
-
+@_no_grad
 def propagate(weights: Sequence[BlockWeights], rec: Recording, row: int, *, include_biases: bool = True,
               bias_rule: str = "absdot", chunk_elements: int = CHUNK_ELEMENTS) -> Iterator[torch.Tensor]:
     """Yield the decomposition of text ``row`` at layers 0, 1, ..., L: a float32 tensor [S, T, H] over its real
@@ -145,9 +152,6 @@ def propagate(weights: Sequence[BlockWeights], rec: Recording, row: int, *, incl
         yield state
 
 
-@torch.no_grad()
-
-
 def _full_output_weights(parts: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, rule: str) -> torch.Tensor:
     """The bias rule's weights [S, N] of ``parts`` [S, N, H] through the whole linear layer (``weight`` [D, H],
     ``bias`` [D]) without computing its D outputs: absdot ``|<W p, b>| = |<p, W^T b>|``, norm ``||W p|| =
@@ -161,6 +165,7 @@ def _full_output_weights(parts: torch.Tensor, weight: torch.Tensor, bias: torch.
     return (parts != 0).any(-1).to(parts.dtype)
 
 
+@_no_grad
 def decompose_head(steps: Sequence[Step], parts: torch.Tensor, real: torch.Tensor, *, include_biases: bool = True,
                    bias_rule: str = "absdot", columns: torch.Tensor | None = None
                    ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -28,8 +28,8 @@ import hashlib
 from typing import Any
 
 import numpy as np
-import torch
 
+from ._torch import torch
 from .adapters import Adapter
 from .errors import InvalidInputError
 from .hooks import output_tensor

@@ -22,12 +22,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-from torch import nn
-
+from ._torch import nn, torch
 from .errors import HookNotFiredError
 
-Transform = Callable[[torch.Tensor], torch.Tensor]
+Transform = "Callable[[torch.Tensor], torch.Tensor]"
 # (key, positional inputs, keyword inputs, output) -> None, or a replacement output
 OnCall = Callable[[str, tuple, dict, Any], Any]
 

@@ -6,8 +6,7 @@ import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import torch
-
+from ._torch import torch
 from .adapters import get_adapter, unwrap_model
 from .errors import EmptyTextError, InputTooLongError, InvalidInputError
 from .sharing import tokenizer_lock

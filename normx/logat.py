@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import torch
-
+from ._torch import torch
 from .methods import Context, Method, register_method
 
 

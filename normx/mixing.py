@@ -41,10 +41,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch
-from torch import nn
 from tqdm.auto import tqdm
 
+from ._torch import nn, torch
 from .adapters import get_adapter, unwrap_model
 from .errors import InvalidInputError
 from .inputs import collate, encode, pad_token_id, positive_int, resolve_max_length, text_inputs

@@ -8,10 +8,9 @@ from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 
-import torch
-from torch import nn
 from tqdm.auto import tqdm
 
+from ._torch import nn, torch
 from .adapters import Adapter, active_module, get_adapter, registered_adapters, unwrap_model
 from .adapters.encoder import BlockLayout
 from .errors import UnsupportedModelError

@@ -27,7 +27,7 @@ import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from torch import nn
+from ._torch import nn
 
 _SHARED, _EXCLUSIVE = "shared", "exclusive"
 

@@ -144,14 +144,14 @@ def test_table_says_what_it_shows():
 
 
 def test_light_commands_never_import_torch():
-    """`normx --help`, `normx models`, `normx supported` and usage errors of them answer without torch (faster than
-    `python -c "import torch"`)."""
+    """`normx --help`, `models`, `methods`, `supported` and usage errors answer without importing torch or
+    transformers (so faster than `python -c "import torch"`: 0.10-0.17 s against 1.2 s here)."""
     import subprocess
     import sys
 
     code = ("import sys\nfrom normx.cli import main\nfor argv in ({}):\n    try:\n        main(argv)\n"
             "    except SystemExit:\n        pass\nprint('torch' in sys.modules, 'transformers' in sys.modules)")
-    for argv in (["--help"], ["models"], ["supported"], ["nope"]):
+    for argv in (["--help"], ["models"], ["methods"], ["supported"], ["nope"], ["explain"], ["explain", "--help"]):
         done = subprocess.run([sys.executable, "-c", code.format(repr(argv) + ",")], capture_output=True, text=True,
                               timeout=120)
         assert done.stdout.strip().splitlines()[-1] == "False False", (argv, done.stdout[-500:], done.stderr[-500:])
