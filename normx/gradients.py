@@ -287,6 +287,21 @@ def _random(ctx: Context) -> torch.Tensor:
     return ctx.expand(scores[:, None])
 
 
+def _random_types(ctx: Context) -> torch.Tensor:
+    """Uniform [0, 1) scores per vocabulary id, seeded by (seed, text): every occurrence of a token in a text (in
+    both texts of a pair) gets the same score, so a random ranking removes a word wherever it occurs."""
+    ids, mask = ctx.run.inputs["input_ids"].cpu(), ctx.run.inputs["attention_mask"].bool().cpu()
+    scores = torch.zeros(ids.shape, dtype=torch.float32)
+    for row in range(ids.shape[0]):
+        tokens = ids[row][mask[row]].tolist()
+        digest = hashlib.sha256(f"normx-random-types:{ctx.options['seed']}:{tokens}".encode()).digest()
+        generator = torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
+        kinds = sorted(set(tokens))
+        draw = dict(zip(kinds, torch.rand(len(kinds), generator=generator).tolist()))
+        scores[row, mask[row]] = torch.tensor([draw[t] for t in tokens])
+    return ctx.expand(scores[:, None])
+
+
 # ---- options ---------------------------------------------------------------------------------------------------------
 
 def _check_ig(options: dict[str, Any]) -> dict[str, Any]:
@@ -327,6 +342,11 @@ register_method(Method(
              Option("rule", "gausslegendre", "the integration rule (as Captum's)", str, RULES),
              Option("internal_batch_size", None, "rows per forward pass (None: all steps at once)", int, none=True),
              AGGREGATION]))
+register_method(Method(
+    "random_types", _random_types,
+    "Random baseline per token type: every occurrence of a vocabulary id in a text (or pair) gets the same seeded "
+    "uniform score; on sentence pairs it removes shared words from both sentences at once",
+    display="Random (per type)", label_dependent=False, layered=False, options=[Option("seed", 0, "the seed", int)]))
 register_method(Method(
     "random", _random, "Random baseline: uniform [0, 1) scores, seeded by (seed, text); label-independent",
     display="Random", label_dependent=False, layered=False, options=[Option("seed", 0, "the seed", int)]))

@@ -104,7 +104,9 @@ class Method:
     ``options``: the keyword options it takes (:class:`Option`; given as a sequence, kept by name);
     ``check_options`` validates what the types cannot (raising :class:`~normx.errors.InvalidInputError`) and may
     normalise. ``supports(adapter)`` says why a model family is not supported (``None``: it is; the default:
-    every family). ``diagnostics``: the per-text values the method reports. ``cost(tokens, targets, options)``
+    every family). ``diagnostics``: the per-text values the method reports. ``regression_distance``: on a
+    regression head the score is how far a token's head output is from the prediction (LogAt, NormXLogit), which an
+    evaluation may rank farthest or closest first. ``cost(tokens, targets, options)``
     estimates the work for one text of ``tokens`` tokens with ``targets`` explained labels, in forward passes of
     the model on that text (default: one); :mod:`normx.budget` turns it into a work estimate servers can cap.
     """
@@ -122,6 +124,7 @@ class Method:
     supports: Callable[[Any], str | None] | None = None
     diagnostics: tuple[str, ...] = ()
     cost: Callable[[int, int, Mapping[str, Any]], float] | None = None
+    regression_distance: bool = False  # on a regression head its score is a distance from the prediction
 
     def __post_init__(self):
         options = self.options

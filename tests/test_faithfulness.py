@@ -485,3 +485,52 @@ def test_without_matplotlib_the_figures_are_skipped_with_a_warning(tmp_path, mon
     with pytest.warns(UserWarning, match=r"matplotlib is not installed: the figures \(PNG\) are skipped"):
         written = report.write(tmp_path)
     assert sorted(f.name for f in written) == ["curves.csv", "summary.csv", "summary.json"]
+
+
+def test_partial_aopc_is_the_mean_over_k_10_to_40():
+    from normx.evaluation.metrics import PARTIAL
+
+    curve = [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0]  # K = 0, 10, ..., 100 %
+    assert faith.aopc(curve) == pytest.approx(5.0)  # K = 10 ... 90 %
+    assert faith.aopc(curve, within=PARTIAL) == pytest.approx(2.5)  # K = 10 ... 40 %
+    model, tokenizer = tiny.build("BertForSequenceClassification")
+    report = faith.evaluate(model, tokenizer, tiny.TEXTS, ["random"], progress=False)
+    row = next(r for r in report.summary_rows() if r["mode"] == "comprehensiveness")
+    assert row["aopc_10_40"] == pytest.approx(np.mean(report.curve("random", "comprehensiveness")[1:5]))
+
+
+def test_random_per_type_gives_every_occurrence_the_same_score():
+    model, tokenizer = tiny.build("BertForSequenceClassification")
+    e = normx.explain(model, tokenizer, "the film the story", text_pair="the film was good", method="random_types")
+    by_token = {}
+    for token, score in zip(e.tokens, e.score):
+        by_token.setdefault(token, set()).add(round(float(score), 7))
+    assert all(len(scores) == 1 for scores in by_token.values())  # "the", "film", [SEP]: one score each
+    assert len({s for scores in by_token.values() for s in scores}) == len(by_token)
+    again = normx.explain(model, tokenizer, "the film the story", text_pair="the film was good", method="random_types")
+    np.testing.assert_array_equal(e.scores, again.scores)  # seeded
+    other = normx.explain(model, tokenizer, "the film the story", text_pair="the film was good",
+                          method="random_types", seed=1)
+    assert not np.allclose(e.scores, other.scores)
+
+
+def test_regression_ranking_closest_negates_only_the_distance_methods(monkeypatch):
+    model, tokenizer = tiny.build("BertForSequenceClassification", num_labels=1)
+    examples = [normx.data.Example(t, p, 2.5 + i) for i, (t, p) in enumerate(zip(tiny.TEXTS, tiny.PAIRS))]
+    seen = {}
+    real = Perturber.perturbed_logits
+
+    def spy(self, items, scores, desc=""):
+        seen.setdefault(desc, []).append([np.asarray(s) for s in scores])
+        return real(self, items, scores, desc)
+
+    monkeypatch.setattr(Perturber, "perturbed_logits", spy)
+    for order in ("farthest", "closest"):
+        report = faith.evaluate(model, tokenizer, examples, ["logat", "l2norm"], progress=False,
+                                regression_ranking=order)
+        assert report.settings["regression_ranking"] == order
+    logat, l2 = seen["perturbed inputs logat"], seen["perturbed inputs l2norm"]
+    assert all(np.allclose(a, -b) for a, b in zip(*logat))  # LogAt: a distance, ranked the other way round
+    assert all(np.allclose(a, b) for a, b in zip(*l2))  # the ℓ2 norm is no distance: unchanged
+    with pytest.raises(InvalidInputError, match="regression_ranking"):
+        faith.evaluate(model, tokenizer, examples, ["logat"], progress=False, regression_ranking="nearest")

@@ -49,12 +49,16 @@ from .metrics import (
 from .perturbation import K_VALUES, SPECIAL_TOKENS, Item, Perturber, check_choice, resolve_strategy
 from .report import FaithfulnessReport, MethodResult, format_table
 
+# regression heads: LogAt / NormXLogit rank the tokens whose head output is farthest from the prediction first (the
+# paper's formula, the default) or closest first (its stated intuition)
+RANKINGS = ("farthest", "closest")
+
 
 def evaluate(model, tokenizer, examples: Sequence, methods: str | Sequence[str] | None = None, *,
              task: str | None = None, ks: Sequence[float] = K_VALUES, special_tokens: str = "include",
              perturbation: str = "auto", batch_size: int = 16, eval_batch_size: int = 64,
              max_length: int | None = None, method_options: Mapping[str, Mapping] | None = None,
-             progress: bool = True, skip_unsupported: bool = False, data: str | None = None
+             progress: bool = True, skip_unsupported: bool = False, regression_ranking: str = "farthest"
              ) -> FaithfulnessReport:
     """AOPC comprehensiveness and sufficiency of ``methods`` on ``examples``.
 
@@ -72,7 +76,9 @@ def evaluate(model, tokenizer, examples: Sequence, methods: str | Sequence[str] 
         max_length: input length cap in tokens (default: what the model accepts); longer inputs are truncated.
         method_options: ``{method: {option: value}}``, e.g. ``{"random": {"seed": 1}}``.
         skip_unsupported: record (instead of raising) methods that cannot explain this model.
-        data: a description of the data for the report (e.g. ``"sst2"`` or a path).
+        regression_ranking: regression models only: LogAt / NormXLogit rank tokens ``"farthest"`` from the
+            prediction first (the paper's formula; default) or ``"closest"`` first. The report's ``data`` setting
+            is the task (the command line records the file it read).
     """
     import normx
 
@@ -90,6 +96,7 @@ def evaluate(model, tokenizer, examples: Sequence, methods: str | Sequence[str] 
     options = _method_options(names, method_options)
     ks = _check_ks(ks)
     check_choice("special_tokens", special_tokens, SPECIAL_TOKENS)
+    check_choice("regression_ranking", regression_ranking, RANKINGS)
     strategy = resolve_strategy(perturbation, tokenizer.mask_token_id)
     positive_int(batch_size, "batch_size")
     positive_int(eval_batch_size, "eval_batch_size")
@@ -135,7 +142,9 @@ def evaluate(model, tokenizer, examples: Sequence, methods: str | Sequence[str] 
         if not labels.regression:
             mismatches = max(mismatches, sum(e.labels[0] != labels.names[p] for e, p in zip(explanations, predicted)))
         start = time.perf_counter()
-        perturbed = runner.perturbed_logits(items, [e.token_scores() for e in explanations],
+        sign = -1.0 if labels.regression and regression_ranking == "closest" and get_method(name).regression_distance \
+            else 1.0
+        perturbed = runner.perturbed_logits(items, [sign * e.token_scores() for e in explanations],
                                             desc=f"perturbed inputs {name}")
         curves, errors = {}, {}
         for mode, logits in perturbed.items():
@@ -152,9 +161,10 @@ def evaluate(model, tokenizer, examples: Sequence, methods: str | Sequence[str] 
                                       "perturb": round(time.perf_counter() - start, 2)})
 
     settings = _settings(model, labels, encoded, {
-        "data": data, "task": task, "ks": list(ks), "special_tokens": special_tokens, "perturbation": strategy,
+        "data": task, "task": task, "ks": list(ks), "special_tokens": special_tokens, "perturbation": strategy,
         "mask_token": tokenizer.mask_token if strategy == "mask" else None, "max_length": limit,
-        "batch_size": batch_size, "eval_batch_size": eval_batch_size, "explained_label_mismatches": mismatches})
+        "batch_size": batch_size, "eval_batch_size": eval_batch_size, "explained_label_mismatches": mismatches,
+        "regression_ranking": regression_ranking if labels.regression else None})
     return FaithfulnessReport(settings, ks, labels.regression, _original(labels, original, gold), results, skipped)
 
 

@@ -8,7 +8,7 @@ from ..method_flags import add_method_flags, given_options, option_words
 from ..methods import get_method
 from .commands import add_names_argument, names, output_folder
 from .examples import load_examples
-from .faithfulness import _method_names, evaluate
+from .faithfulness import RANKINGS, _method_names, evaluate
 from .perturbation import SPECIAL_TOKENS, STRATEGIES
 from .report import format_table
 
@@ -27,6 +27,9 @@ def add_parser(subparsers):
     add_names_argument(parser, "--methods", "method names (`normx methods`), or all (the default)")
     parser.add_argument("--limit", type=int, default=None, help="evaluate the first N examples")
     parser.add_argument("--out", required=True, help="output folder for summary.json, curves.csv, summary.csv, PNGs")
+    parser.add_argument("--regression-ranking", default="farthest", choices=RANKINGS,
+                        help="regression models: LogAt / NormXLogit rank tokens farthest from the prediction first "
+                             "(the paper's formula; default) or closest first")
     parser.add_argument("--special-tokens", default="include", choices=SPECIAL_TOKENS,
                         help="include: [SEP] etc. are ranked and perturbed like words (the authors' protocol); "
                              "exclude: never perturbed. The pooled token is never perturbed.")
@@ -62,8 +65,9 @@ def run(args) -> int:
                       special_tokens=args.special_tokens, perturbation=args.perturbation, batch_size=args.batch_size,
                       eval_batch_size=args.eval_batch_size, max_length=args.max_length,
                       method_options={m: o for m, o in method_options.items() if o}, progress=not args.no_progress,
-                      skip_unsupported=methods is None, data=args.data)
+                      skip_unsupported=methods is None, regression_ranking=args.regression_ranking)
     report.settings["model"] = args.model
+    report.settings["data"] = args.data
     report.settings["command"] = _command(args)
     written = report.write(args.out, plots=not args.no_plots)
     print(format_table(report))
@@ -80,6 +84,8 @@ def _command(args) -> str:
         parts.append(f"--limit {args.limit}")
     if args.special_tokens != "include":
         parts.append(f"--special-tokens {args.special_tokens}")
+    if args.regression_ranking != "farthest":
+        parts.append(f"--regression-ranking {args.regression_ranking}")
     if args.perturbation != "auto":
         parts.append(f"--perturbation {args.perturbation}")
     if args.max_length is not None:

@@ -14,9 +14,14 @@ CLASSIFICATION_METRICS = ("confidence_drop", "accuracy")
 REGRESSION_METRICS = ("pearson",)
 
 
-def aopc(curve: Sequence[float], ks: Sequence[float] = K_VALUES) -> float:
-    """The area over the perturbation curve as reported: the mean of ``curve`` over 0 < K < 1 (K = 10 ... 90 %)."""
-    values = [v for v, k in zip(curve, ks) if 0 < k < 1]
+PARTIAL = (0.1, 0.4)  # the partial AOPC: the first perturbation steps, where a ranking's top matters most
+
+
+def aopc(curve: Sequence[float], ks: Sequence[float] = K_VALUES, within: tuple[float, float] | None = None) -> float:
+    """The area over the perturbation curve as reported: the mean of ``curve`` over 0 < K < 1 (K = 10 ... 90 %);
+    ``within=(low, high)``: over low <= K <= high only (e.g. :data:`PARTIAL`, K = 10 ... 40 %)."""
+    low, high = within or (1e-9, 1 - 1e-9)
+    values = [v for v, k in zip(curve, ks) if 0 < k < 1 and low - 1e-9 <= k <= high + 1e-9]
     if len(values) == 0 or len(curve) != len(ks):
         raise InvalidInputError(f"need one value per K ({len(ks)}) and at least one K strictly between 0 and 1")
     return float(np.mean(values))
