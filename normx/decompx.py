@@ -249,7 +249,8 @@ register_method(Method(
     "l2 norm of its vector); BERT, RoBERTa, XLM-R, ELECTRA",
     display="DecompX", supports=_family_reason, diagnostics=("decomposition_error",),
     options=[Option("include_biases", True, "share the biases out over the source tokens (without them the "
-                    "decomposition no longer sums to the model's output)", bool, flag="--no-biases"),
+                    "decomposition no longer sums to the model's output; the first block's value bias stays, as in "
+                    "the official DecompX)", bool, flag="--no-biases"),
              Option("bias_rule", "absdot", "how biases are shared out over the source tokens", str, BIAS_RULES)],
     # measured on MiniLM (CPU): ~19x a forward pass at 40 tokens, 68x at 128, 156x at 256 (vectors per token pair)
     cost=lambda tokens, targets, options: 1 + 0.6 * tokens))

@@ -110,8 +110,8 @@ def _block(state: torch.Tensor, w: BlockWeights, probs: torch.Tensor, ln1_in: to
     for h in range(heads):
         rows = slice(h * size, (h + 1) * size)
         v = state @ wv[rows].T  # [S, T, d]
-        if first and include_biases:  # x^0 is diagonal: a value's bias belongs to its own token
-            v[diagonal, diagonal] += bv[rows]
+        if first:  # x^0 is diagonal: a value's bias belongs to its own token; kept without include_biases too,
+            v[diagonal, diagonal] += bv[rows]  # as the official DecompX does (it runs the model's own value layer)
         values[h] = v.transpose(0, 1)
     values = values.view(heads, tokens, sources * size)
     attention_bias = bo if first else wo @ bv + bo

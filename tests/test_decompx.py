@@ -597,3 +597,23 @@ def test_vocabulary_columns_decompose_as_in_the_whole_vocabulary(case_id, rule):
     for columns in ([5, 17], [17, 40, 99, 5]):
         some = decompose(model, enc, pooled=pooled, columns=torch.tensor(columns), bias_rule=rule).contributions
         close(some, whole[..., columns], rtol=1e-4)
+
+
+def test_without_biases_the_first_value_bias_stays_as_in_the_official_code():
+    """The official DecompX, asked for no biases, still adds layer 1's value bias (it has no per-token vectors yet
+    and runs the model's own value projection). On a model whose only bias is that one, the decomposition without
+    biases must then still sum to the model's output, and differ from dropping it."""
+    model, tokenizer = build("BertForSequenceClassification", fresh=True)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith("bias") and name != "bert.encoder.layer.0.attention.self.value.bias":
+                parameter.zero_()
+    enc = encode(tokenizer, TEXTS)
+    _, logits = model_outputs(model, enc)
+    without = decompose(model, enc, include_biases=False).contributions[:, -1]  # [B, T, C] at the last layer
+    close(without.sum(1), logits)  # conserved: the one bias there is was kept
+    value_bias = model.bert.encoder.layer[0].attention.self.value.bias
+    with torch.no_grad():
+        value_bias.zero_()
+        _, zero_logits = model_outputs(model, enc)
+    assert float((zero_logits - logits).abs().max()) > 1e-3  # the bias matters to the model's output
