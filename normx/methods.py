@@ -125,6 +125,7 @@ class Method:
     diagnostics: tuple[str, ...] = ()
     cost: Callable[[int, int, Mapping[str, Any]], float] | None = None
     regression_distance: bool = False  # on a regression head its score is a distance from the prediction
+    shares: bool = False  # its scores are non-negative shares summing to one over the tokens (a mixing-map row)
 
     def __post_init__(self):
         options = self.options

@@ -350,7 +350,7 @@ def test_cli_writes_every_output(data, tmp_path):
             "--methods", "logat", "normxlogit", "--limit", "2", "--out", str(out), "--no-progress"]
     assert main(args) == 0
     names = {p.name for p in out.iterdir()}
-    assert names == {"blimp.json", "curves.csv", "summary.csv", "coverage.csv", "dp.png", "ap.png"}
+    assert names == {"blimp.json", "curves.csv", "summary.csv", "coverage.csv", "dp.png", "ap.png", "dp_softmax.png"}
     result = blimp.BlimpReport.from_dict(json.loads((out / "blimp.json").read_text()))  # reads back
     assert result.model == "RobertaForMaskedLM" and result.settings["limit"] == 2
     assert result.coverage["ana"]["sampled"] == 2 and result.coverage["ana"]["covered_by_rules"] == 6
@@ -381,3 +381,24 @@ def test_smollm2_causal_setting_on_a_few_pairs(tmp_path):
                 assert len(values) == 31 and all(0.0 <= v <= 1.0 for v in values)
     written = result.write(tmp_path)
     assert all(p.is_file() for p in written)
+
+
+def test_dot_product_normalises_shares_by_their_sum_as_the_authors_do():
+    from normx.evaluation.alignment import dot_product
+
+    shares = [0.5, 0.3, 0.2, 0.0]  # a mixing-map row: already a distribution
+    assert dot_product(shares, [1], normalise="sum") == pytest.approx(0.3)
+    assert dot_product(shares, [1], exclude=[0], normalise="sum") == pytest.approx(0.6)  # renormalised
+    softmax = np.exp(shares) / np.exp(shares).sum()
+    assert dot_product(shares, [1]) == pytest.approx(softmax[1])  # the softmax flattens shares towards uniform
+    assert dot_product([0.0, 0.0, 0.0], [2], normalise="sum") == pytest.approx(1 / 3)
+    with pytest.raises(InvalidInputError, match="non-negative"):
+        dot_product([1.0, -1.0], [0], normalise="sum")
+
+
+def test_blimp_dp_uses_each_methods_normalisation(data):
+    model, tokenizer = tiny.build("BertForMaskedLM")
+    result = blimp.evaluate_blimp(model, tokenizer, ["ana"], ["globenc", "normxlogit"], data=data, progress=False)
+    dp, softmax = result.curves["dp"]["ana"], result.curves["dp_softmax"]["ana"]
+    assert dp["normxlogit"]["mean"] == pytest.approx(softmax["normxlogit"]["mean"])  # not shares: a softmax both times
+    assert dp["globenc"]["mean"] != pytest.approx(softmax["globenc"]["mean"])  # shares: divided by their sum

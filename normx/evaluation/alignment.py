@@ -4,8 +4,10 @@ Both take the scores of one explanation (``[tokens]``, or ``[layers, tokens]`` f
 evidence token positions and the positions to leave out (the target / mask token), as in the NormXLogit paper's
 evaluation (after Mohebbi et al. 2023):
 
-- **Dot Product (DP)**: the softmax of the scores over the remaining tokens, summed at the evidence tokens; the
-  attribution mass that lands on the evidence. Uniform scores give ``len(evidence) / n``.
+- **Dot Product (DP)**: the scores made a distribution over the remaining tokens, summed at the evidence tokens;
+  the attribution mass that lands on the evidence. As the authors' code does, scores that are already shares
+  (non-negative, a mixing-map row: GlobEnc, ALTI, Value Zeroing) are divided by their sum, and other scores go
+  through a softmax (``normalise="sum"`` / ``"softmax"``). Uniform scores give ``len(evidence) / n``.
 - **Average Precision (AP)**: rank the remaining tokens by score, highest first; AP is the mean, over the
   evidence tokens, of the precision at each one's rank. One evidence token ranked r-th gives 1 / r. Tokens with
   equal scores are in no particular order, so AP is its exact expectation over the orders of each tie (all scores
@@ -44,12 +46,22 @@ def _kept(scores, evidence: Sequence[int], exclude: Sequence[int]) -> tuple[np.n
     return values[:, keep], columns
 
 
-def dot_product(scores, evidence: Sequence[int], exclude: Sequence[int] = ()) -> np.ndarray | float:
-    """Softmax of ``scores`` over the tokens not in ``exclude``, summed at ``evidence``; one value per layer."""
+def dot_product(scores, evidence: Sequence[int], exclude: Sequence[int] = (), normalise: str = "softmax"
+                ) -> np.ndarray | float:
+    """``scores`` over the tokens not in ``exclude`` made a distribution (``"softmax"``, or ``"sum"``: divided by
+    their sum, for non-negative shares; all zero: uniform), summed at ``evidence``; one value per layer."""
     values, columns = _kept(scores, evidence, exclude)
-    shifted = values - values.max(axis=1, keepdims=True)
-    probs = np.exp(shifted)
-    probs /= probs.sum(axis=1, keepdims=True)
+    if normalise == "sum":
+        if (values < 0).any():
+            raise InvalidInputError("normalise='sum' takes non-negative scores (shares); use 'softmax'")
+        totals = values.sum(axis=1, keepdims=True)
+        probs = np.where(totals > 0, values / np.where(totals > 0, totals, 1.0), 1.0 / values.shape[1])
+    elif normalise == "softmax":
+        shifted = values - values.max(axis=1, keepdims=True)
+        probs = np.exp(shifted)
+        probs /= probs.sum(axis=1, keepdims=True)
+    else:
+        raise InvalidInputError(f"normalise={normalise!r} is not allowed; use 'softmax' or 'sum'")
     out = probs[:, columns].sum(axis=1)
     return float(out[0]) if np.ndim(scores) == 1 else out
 

@@ -271,6 +271,7 @@ def _score(model, tokenizer, items: list[Item], methods: list[str], status: dict
     found: dict[int, tuple[list[int], list[int]] | None] = {}
     batches = [items[i:i + batch_size] for i in range(0, len(items), batch_size)]
     for method in methods:
+        normalise = "sum" if get_method(method).shares else "softmax"  # DP as the authors' code normalises
         reason = get_method(method).unsupported(model) if status[method]["status"] == "ok" else None
         if reason is not None:  # what a method supports is on the method
             status[method] = {"status": "not applicable", "reason": reason, "layered": None}
@@ -298,8 +299,9 @@ def _score(model, tokenizer, items: list[Item], methods: list[str], status: dict
                     if found[index] is None:
                         continue
                     evidence_at, exclude = found[index]
-                    metric_rows = per_curve.setdefault(name, {"dp": [], "ap": []})
-                    metric_rows["dp"].append(dot_product(scores, evidence_at, exclude))
+                    metric_rows = per_curve.setdefault(name, {metric: [] for metric in METRICS})
+                    metric_rows["dp"].append(dot_product(scores, evidence_at, exclude, normalise))
+                    metric_rows["dp_softmax"].append(dot_product(scores, evidence_at, exclude))
                     metric_rows["ap"].append(average_precision(scores, evidence_at, exclude))
             bar.update(1)
     return per_curve, sum(1 for v in found.values() if v is None)

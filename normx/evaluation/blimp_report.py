@@ -10,7 +10,9 @@ from pathlib import Path
 
 from ..methods import display_name
 
-METRICS = {"dp": "Dot Product", "ap": "Average Precision"}
+# dp: the authors' normalisation (shares divided by their sum, other scores through a softmax); dp_softmax: a
+# softmax for every method (what normx reported before)
+METRICS = {"dp": "Dot Product", "ap": "Average Precision", "dp_softmax": "Dot Product (softmax for every method)"}
 
 
 def curve_names(method: str) -> list[str]:

@@ -101,7 +101,7 @@ def _colors(n: int) -> list:
 
 
 def plot_blimp(report, metric: str, file: str | Path) -> Path:
-    """Mean ``metric`` ("dp" or "ap") vs layer, one line per curve, one panel per paradigm (+ "all")."""
+    """Mean ``metric`` ("dp", "ap" or "dp_softmax") vs layer, one line per curve, one panel per paradigm (+ "all")."""
     from matplotlib import colormaps
     from matplotlib.figure import Figure
 
