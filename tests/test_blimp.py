@@ -177,7 +177,7 @@ def test_pairs_the_rules_do_not_cover_are_counted():
     assert result.total == 4 and len(result.pairs) == 1
     assert result.skipped == {"the sentences differ in word count": 1, "the sentences differ in 2 words, not one": 1,
                               "no evidence word found by the rules": 1}
-    with pytest.raises(InvalidInputError, match="supported: ana, dna"):
+    with pytest.raises(InvalidInputError, match=r"supported: ana \(anaphor_number_agreement\), dna"):
         ev.get_paradigm("npi")
 
 
@@ -402,3 +402,14 @@ def test_blimp_dp_uses_each_methods_normalisation(data):
     dp, softmax = result.curves["dp"]["ana"], result.curves["dp_softmax"]["ana"]
     assert dp["normxlogit"]["mean"] == pytest.approx(softmax["normxlogit"]["mean"])  # not shares: a softmax both times
     assert dp["globenc"]["mean"] != pytest.approx(softmax["globenc"]["mean"])  # shares: divided by their sum
+
+
+def test_paradigms_by_short_name_or_blimp_uid():
+    from normx.evaluation import evidence as ev
+
+    assert ev.get_paradigm("dna") is ev.get_paradigm("determiner_noun_agreement_1")
+    assert ev.get_paradigm("determiner_noun_agreement_with_adjective_1.jsonl").key == "dnaa"
+    assert ev.get_paradigm("determiner_noun_agreement_with_adj_1").key == "dnaa"  # the hub's config name
+    with pytest.raises(InvalidInputError, match=r"unknown BLiMP paradigm 'determiner_noun_agreement_2'.*dna "
+                                                r"\(determiner_noun_agreement_1\).*no rules here yet"):
+        ev.get_paradigm("determiner_noun_agreement_2")

@@ -168,9 +168,16 @@ DEFAULT_PARADIGMS = ("ana", "dna", "dnaa", "darn", "rpsv")  # the NormXLogit pap
 
 
 def get_paradigm(key: str) -> Paradigm:
-    if key not in PARADIGMS:
-        raise InvalidInputError(f"unknown BLiMP paradigm {key!r}; supported: {', '.join(PARADIGMS)}")
-    return PARADIGMS[key]
+    """A paradigm by its short name (``dna``) or its BLiMP UID, the data file's name (``determiner_noun_agreement_1``,
+    with or without ``.jsonl``)."""
+    uid = key.removesuffix(".jsonl")
+    found = PARADIGMS.get(key) or next((p for p in PARADIGMS.values() if uid in (p.uid, p.hub)), None)
+    if found is None:
+        raise InvalidInputError(f"unknown BLiMP paradigm {key!r}; supported: " + ", ".join(
+            f"{p.key} ({p.uid})" for p in PARADIGMS.values()) + ". The _2 determiner files (determiner_noun_"
+            "agreement_2, ..._with_adj_2), where the determiner changes and the noun is the evidence, have no rules "
+            "here yet")
+    return found
 
 
 def words_with_spans(sentence: str) -> tuple[list[str], list[tuple[int, int]]]:
