@@ -274,32 +274,33 @@ def _integrated_gradients(ctx: Context) -> torch.Tensor:
     return _scores(attributions, options["aggregation"])
 
 
-def _random(ctx: Context) -> torch.Tensor:
-    """Uniform [0, 1) scores, drawn from a generator seeded by (seed, the text's token ids): the same text gets the
-    same scores in any batch, at any position, on any device."""
+def _seeded_scores(ctx: Context, salt: str, draw) -> torch.Tensor:
+    """Scores of each text's real tokens from ``draw(token ids, generator)``, the generator seeded by (salt, seed,
+    the text's token ids): the same text gets the same scores in any batch, at any position, on any device."""
     ids, mask = ctx.run.inputs["input_ids"].cpu(), ctx.run.inputs["attention_mask"].bool().cpu()
     scores = torch.zeros(ids.shape, dtype=torch.float32)
     for row in range(ids.shape[0]):
         tokens = ids[row][mask[row]].tolist()
-        digest = hashlib.sha256(f"normx-random:{ctx.options['seed']}:{tokens}".encode()).digest()
+        digest = hashlib.sha256(f"{salt}:{ctx.options['seed']}:{tokens}".encode()).digest()
         generator = torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
-        scores[row, mask[row]] = torch.rand(len(tokens), generator=generator)
+        scores[row, mask[row]] = draw(tokens, generator)
     return ctx.expand(scores[:, None])
+
+
+def _random(ctx: Context) -> torch.Tensor:
+    """Uniform [0, 1) scores, one per position."""
+    return _seeded_scores(ctx, "normx-random", lambda tokens, generator: torch.rand(len(tokens), generator=generator))
 
 
 def _random_types(ctx: Context) -> torch.Tensor:
-    """Uniform [0, 1) scores per vocabulary id, seeded by (seed, text): every occurrence of a token in a text (in
-    both texts of a pair) gets the same score, so a random ranking removes a word wherever it occurs."""
-    ids, mask = ctx.run.inputs["input_ids"].cpu(), ctx.run.inputs["attention_mask"].bool().cpu()
-    scores = torch.zeros(ids.shape, dtype=torch.float32)
-    for row in range(ids.shape[0]):
-        tokens = ids[row][mask[row]].tolist()
-        digest = hashlib.sha256(f"normx-random-types:{ctx.options['seed']}:{tokens}".encode()).digest()
-        generator = torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
+    """Uniform [0, 1) scores per vocabulary id: every occurrence of a token in a text (in both texts of a pair)
+    gets the same score, so a random ranking removes a word wherever it occurs."""
+    def draw(tokens, generator):
         kinds = sorted(set(tokens))
-        draw = dict(zip(kinds, torch.rand(len(kinds), generator=generator).tolist()))
-        scores[row, mask[row]] = torch.tensor([draw[t] for t in tokens])
-    return ctx.expand(scores[:, None])
+        values = dict(zip(kinds, torch.rand(len(kinds), generator=generator).tolist()))
+        return torch.tensor([values[t] for t in tokens])
+
+    return _seeded_scores(ctx, "normx-random-types", draw)
 
 
 # ---- options ---------------------------------------------------------------------------------------------------------
