@@ -410,6 +410,20 @@ def test_paradigms_by_short_name_or_blimp_uid():
     assert ev.get_paradigm("dna") is ev.get_paradigm("determiner_noun_agreement_1")
     assert ev.get_paradigm("determiner_noun_agreement_with_adjective_1.jsonl").key == "dnaa"
     assert ev.get_paradigm("determiner_noun_agreement_with_adj_1").key == "dnaa"  # the hub's config name
-    with pytest.raises(InvalidInputError, match=r"unknown BLiMP paradigm 'determiner_noun_agreement_2'.*dna "
-                                                r"\(determiner_noun_agreement_1\).*no rules here yet"):
-        ev.get_paradigm("determiner_noun_agreement_2")
+    assert ev.get_paradigm("determiner_noun_agreement_2").key == "dna_2"  # the paper's dna: the determiner changes
+    with pytest.raises(InvalidInputError, match=r"unknown BLiMP paradigm 'npi_licensor'.*dna "
+                                                r"\(determiner_noun_agreement_1\)"):
+        ev.get_paradigm("npi_licensor")
+
+
+def test_the_2_files_take_the_noun_after_the_determiner_as_evidence():
+    from normx.evaluation import evidence as ev
+
+    rows = [{"sentence_good": "Tracy passed these art galleries.", "sentence_bad": "Tracy passed this art galleries.",
+             "pairID": "1"},
+            {"sentence_good": "Donna might hire this serious actress.",
+             "sentence_bad": "Donna might hire these serious actress.", "pairID": "2"}]
+    first = ev.extract_pair(rows[0], ev.get_paradigm("dna_2"))
+    second = ev.extract_pair(rows[1], ev.get_paradigm("dnaa_2"))
+    assert (first.good, first.bad, first.evidence) == ("these", "this", ("galleries",))
+    assert (second.good, second.bad, second.evidence) == ("this", "these", ("actress",))

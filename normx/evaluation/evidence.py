@@ -69,6 +69,7 @@ class Paradigm:
     hub: str  # the config name of the Hugging Face ``nyu-mll/blimp`` dataset
     evidence: str  # what the evidence word is, in words
     rule: Callable[[list[str], list[str]], int | None]  # (words before the target, their tags) -> evidence index
+    after: bool = False  # the rule reads the words *after* the target (index counted from the word after it)
 
 
 @dataclass(frozen=True)
@@ -150,6 +151,13 @@ def _relational_subject(words: list[str], tags: list[str]) -> int | None:
     return None
 
 
+def _final_word(after: list[str], tags: list[str]) -> int | None:
+    """The last word before the closing punctuation: in the _2 determiner files the demonstrative's noun phrase
+    ends the sentence ("... these art galleries."), so this is its head noun."""
+    words = [i for i, word in enumerate(after) if any(ch.isalnum() for ch in word)]
+    return words[-1] if words else None
+
+
 PARADIGMS: dict[str, Paradigm] = {p.key: p for p in (
     Paradigm("ana", "anaphor_number_agreement", "anaphor_number_agreement",
              "the antecedent of the reflexive (head of the subject)", _anaphor),
@@ -157,6 +165,11 @@ PARADIGMS: dict[str, Paradigm] = {p.key: p for p in (
              "the demonstrative determiner of the noun", _demonstrative),
     Paradigm("dnaa", "determiner_noun_agreement_with_adjective_1", "determiner_noun_agreement_with_adj_1",
              "the demonstrative determiner of the noun", _demonstrative),
+    Paradigm("dna_2", "determiner_noun_agreement_2", "determiner_noun_agreement_2",
+             "the noun after the demonstrative (the head: the last word of the noun phrase)", _final_word, after=True),
+    Paradigm("dnaa_2", "determiner_noun_agreement_with_adj_2", "determiner_noun_agreement_with_adj_2",
+             "the noun after the demonstrative and its adjective (the last word of the noun phrase)", _final_word,
+             after=True),
     Paradigm("darn", "distractor_agreement_relational_noun", "distractor_agreement_relational_noun",
              "the head of the subject (not the distractor noun)", _relational_subject),
     Paradigm("rpsv", "regular_plural_subject_verb_agreement_1", "regular_plural_subject_verb_agreement_1",
@@ -174,9 +187,7 @@ def get_paradigm(key: str) -> Paradigm:
     found = PARADIGMS.get(key) or next((p for p in PARADIGMS.values() if uid in (p.uid, p.hub)), None)
     if found is None:
         raise InvalidInputError(f"unknown BLiMP paradigm {key!r}; supported: " + ", ".join(
-            f"{p.key} ({p.uid})" for p in PARADIGMS.values()) + ". The _2 determiner files (determiner_noun_"
-            "agreement_2, ..._with_adj_2), where the determiner changes and the noun is the evidence, have no rules "
-            "here yet")
+            f"{p.key} ({p.uid})" for p in PARADIGMS.values()))
     return found
 
 
@@ -196,8 +207,13 @@ def extract_pair(row: dict, paradigm: Paradigm) -> Pair | str:
     if len(differ) != 1:
         return f"the sentences differ in {len(differ)} words, not one"
     target = differ[0]
-    before = good_words[:target]
-    evidence = paradigm.rule(before, tag(before))
+    if paradigm.after:
+        after = good_words[target + 1:]
+        found = paradigm.rule(after, tag(after))
+        evidence = None if found is None else target + 1 + found
+    else:
+        before = good_words[:target]
+        evidence = paradigm.rule(before, tag(before))
     if evidence is None:
         return "no evidence word found by the rules"
     return Pair(paradigm.key, str(row.get("pairID", "")), good, bad, good_spans[target], bad_spans[target],
