@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from ._torch import nn
+from .adapters import unwrap_model
 
 _SHARED, _EXCLUSIVE = "shared", "exclusive"
 
@@ -85,14 +86,20 @@ class ModelLock:
             self._cond.notify_all()
 
     @contextmanager
+    def _nested(self, mode: str, depth: int) -> Iterator[None]:
+        """A hold inside a hold this thread already has: only the depth changes."""
+        self._set(mode, depth + 1)
+        try:
+            yield
+        finally:
+            self._set(mode, depth)
+
+    @contextmanager
     def shared(self) -> Iterator[None]:
         mode, depth = self._hold()
         if mode is not None:  # nested: already shared or exclusive
-            self._set(mode, depth + 1)
-            try:
+            with self._nested(mode, depth):
                 yield
-            finally:
-                self._set(mode, depth)
             return
         self._acquire_shared()
         self._set(_SHARED, 1)
@@ -106,11 +113,8 @@ class ModelLock:
     def exclusive(self) -> Iterator[None]:
         mode, depth = self._hold()
         if mode == _EXCLUSIVE:
-            self._set(mode, depth + 1)
-            try:
+            with self._nested(mode, depth):
                 yield
-            finally:
-                self._set(mode, depth)
             return
         if mode == _SHARED:  # give the shared hold up while exclusive, take it back after
             self._release_shared()
@@ -138,28 +142,24 @@ class ModelLock:
         return self._hold()[0]
 
 
-_LOCKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_LOCKS_GUARD = threading.Lock()
+_MODEL_LOCKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_TOKENIZER_LOCKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_GUARD = threading.Lock()
 
 
-def _lock_for(obj) -> ModelLock:
-    with _LOCKS_GUARD:
-        lock = _LOCKS.get(obj)
+def _lock_of(table: weakref.WeakKeyDictionary, obj, make):
+    """``table[obj]``, made with ``make()`` the first time (for as long as ``obj`` lives)."""
+    with _GUARD:
+        lock = table.get(obj)
         if lock is None:
-            lock = _LOCKS[obj] = ModelLock()
+            lock = table[obj] = make()
         return lock
 
 
-def _base(model: nn.Module) -> nn.Module:
-    """The transformers model inside a PEFT wrapper: the object whose modules are shared, whichever is passed."""
-    if hasattr(model, "peft_config") and hasattr(model, "get_base_model"):
-        return model.get_base_model()
-    return model
-
-
 def model_lock(model: nn.Module) -> ModelLock:
-    """The :class:`ModelLock` of ``model`` (the same for a PEFT wrapper and the model inside it)."""
-    return _lock_for(_base(model))
+    """The :class:`ModelLock` of ``model`` (the same for a PEFT wrapper and the model inside it, whose modules are
+    the shared ones)."""
+    return _lock_of(_MODEL_LOCKS, unwrap_model(model), ModelLock)
 
 
 def pause(model: nn.Module) -> None:
@@ -182,19 +182,21 @@ def using(model: nn.Module) -> Iterator[None]:
     """
     lock = model_lock(model)
     if lock.held_by_this_thread is None and _training_modules(model):
-        with lock.exclusive():
-            yield from _in_eval_mode(model)
+        with lock.exclusive(), _eval_mode(model):
+            yield
             return
     with lock.shared():
         if lock.held_by_this_thread == _EXCLUSIVE or not _training_modules(model):
             yield  # (inside an exclusive hold the caller already switched what it needs)
             return
     # a training model seen only after taking the lock shared (another thread switched it back meanwhile)
-    with lock.exclusive():
-        yield from _in_eval_mode(model)
+    with lock.exclusive(), _eval_mode(model):
+        yield
 
 
-def _in_eval_mode(model: nn.Module) -> Iterator[None]:
+@contextmanager
+def _eval_mode(model: nn.Module) -> Iterator[None]:
+    """Every training module in eval mode for the body, switched back after (call holding the lock exclusively)."""
     training = _training_modules(model)
     for module in training:
         module.training = False
@@ -206,38 +208,29 @@ def _in_eval_mode(model: nn.Module) -> Iterator[None]:
 
 
 @contextmanager
+def _eager(model: nn.Module) -> Iterator[None]:
+    """Eager attention in every config of ``model`` for the body, each restored after (hold the lock exclusively)."""
+    configs = {id(m.config): m.config for m in model.modules()
+               if hasattr(getattr(m, "config", None), "_attn_implementation_internal")}
+    saved = {key: config._attn_implementation_internal for key, config in configs.items()}
+    try:
+        for config in configs.values():
+            config._attn_implementation_internal = "eager"
+        yield
+    finally:
+        for key, config in configs.items():
+            config._attn_implementation_internal = saved[key]
+
+
+@contextmanager
 def attention_weights(model: nn.Module) -> Iterator[None]:
     """One forward pass of ``model`` with eager attention (which returns the attention probabilities), in eval
     mode, holding the model's lock exclusively; both settings are restored before the lock is released."""
-    base = _base(model)
-    with model_lock(base).exclusive():
-        configs = {}
-        for module in base.modules():
-            config = getattr(module, "config", None)
-            if config is not None and hasattr(config, "_attn_implementation_internal"):
-                configs[id(config)] = config
-        saved = {key: config._attn_implementation_internal for key, config in configs.items()}
-        training = _training_modules(base)
-        try:
-            for config in configs.values():
-                config._attn_implementation_internal = "eager"
-            for module in training:
-                module.training = False
-            yield
-        finally:
-            for key, config in configs.items():
-                config._attn_implementation_internal = saved[key]
-            for module in training:
-                module.training = True
+    base = unwrap_model(model)
+    with model_lock(base).exclusive(), _eager(base), _eval_mode(base):
+        yield
 
 
-def tokenizer_lock(tokenizer) -> threading.Lock:
+def tokenizer_lock(tokenizer) -> threading.RLock:
     """The lock normx holds around each call of ``tokenizer`` (fast tokenizers keep truncation settings as state)."""
-    with _LOCKS_GUARD:
-        lock = _TOKENIZER_LOCKS.get(tokenizer)
-        if lock is None:
-            lock = _TOKENIZER_LOCKS[tokenizer] = threading.RLock()
-        return lock
-
-
-_TOKENIZER_LOCKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+    return _lock_of(_TOKENIZER_LOCKS, tokenizer, threading.RLock)
