@@ -17,13 +17,14 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
-
-from torch import nn
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .errors import InvalidInputError, WorkBudgetError
 from .inputs import positive_int
 from .methods import get_method
+
+if TYPE_CHECKING:
+    from torch import nn
 
 T = TypeVar("T")
 _SIZES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

@@ -22,6 +22,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .adapters import unwrap_model
 from .corpus import Row, _pyarrow_parquet, iter_rows
 from .errors import InvalidInputError
 from .inputs import positive_int
@@ -242,9 +243,8 @@ def _barrier() -> None:
 
 
 def _model_name(model) -> str:
-    base = getattr(model, "get_base_model", None)
-    config = (base() if base is not None else model).config
-    return str(getattr(config, "_name_or_path", "") or type(model).__name__)
+    base = unwrap_model(model)
+    return str(getattr(base.config, "_name_or_path", "") or type(base).__name__)
 
 
 def _check_manifest(folder: Path, settings: dict, rank: int) -> None:

@@ -9,6 +9,7 @@ input, so memory does not grow with the corpus. Columns default to the usual nam
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import sys
 from collections.abc import Iterator
@@ -37,10 +38,9 @@ def iter_rows(source: str | Path, text_column: str | None = None, pair_column: s
     first = next(records, None)
     if first is None:
         raise InvalidInputError(f"{source} has no rows")
-    number, record = first
-    text_column, pair_column = _columns(source, record, text_column, pair_column)
+    text_column, pair_column = _columns(source, first[1], text_column, pair_column)
     count = 0
-    for number, record in _chain(first, records):
+    for number, record in itertools.chain([first], records):
         if limit is not None and count >= limit:
             return
         text = record.get(text_column)
@@ -51,11 +51,6 @@ def iter_rows(source: str | Path, text_column: str | None = None, pair_column: s
             raise InvalidInputError(f"{source}:{number}: no text in the pair column {pair_column!r}")
         yield Row(count, text, pair)
         count += 1
-
-
-def _chain(first, rest):
-    yield first
-    yield from rest
 
 
 def _columns(source, record: dict, text_column: str | None, pair_column: str | None) -> tuple[str, str | None]:

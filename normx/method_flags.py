@@ -53,8 +53,9 @@ def given_options(args: argparse.Namespace) -> dict[str, Any]:
 
 def option_words(args: argparse.Namespace) -> list[str]:
     """The method options set on the command line, as they were typed (to record a command)."""
+    takers = _by_name()
     words = []
     for name, value in given_options(args).items():
-        option = _by_name()[name][0][1]
+        option = takers[name][0][1]
         words.append(flag_of(option) if option.type is bool else f"{flag_of(option)} {value}")
     return words

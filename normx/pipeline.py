@@ -60,11 +60,11 @@ def explain(model, tokenizer, texts: str | Sequence[str], method: str = "normxlo
         truncation: ``"warn"`` truncates over-length inputs and records a warning; ``"error"`` raises.
         max_length: input length cap in tokens (1 .. what the model takes); default: what the model and tokenizer
             accept.
+        **options: the method's own options (``normx.methods.get_method(name).options`` has them with their
+            defaults), e.g. ``n_steps=300`` for ``integrated_gradients``; recorded in ``settings``.
 
     Thread-safe: several threads may explain with one model at once, with any methods; each gets what it would
     get alone, and the model is left as it was (:mod:`normx.sharing`).
-        **options: the method's own options (``normx.methods.get_method(name).options`` has them with their
-            defaults), e.g. ``n_steps=300`` for ``integrated_gradients``; recorded in ``settings``.
     """
     single = isinstance(texts, str)
     texts, pairs = text_inputs(texts, text_pair)
@@ -100,8 +100,8 @@ def explain(model, tokenizer, texts: str | Sequence[str], method: str = "normxlo
         columns = out.columns.tolist()
         for row, item in enumerate(items):
             keep = np.flatnonzero(mask[row])
-            results.append(_explanation(item, scores[row][:, :, keep], plan.labels, columns[row], plan.layers,
-                                        logits[row], plan, settings, int(pooled[row] - keep[0]),
+            results.append(_explanation(item, scores[row][:, :, keep], columns[row], logits[row], plan, settings,
+                                        int(pooled[row] - keep[0]),
                                         {name: value[row].tolist() for name, value in diagnostics.items()}))
     return results[0] if single else results
 
@@ -235,8 +235,9 @@ def _target_columns(labels: LabelSpace, logits: torch.Tensor, requested: list[in
     return torch.tensor(requested, device=logits.device).expand(batch, -1)
 
 
-def _explanation(item: Encoded, scores: np.ndarray, labels: LabelSpace, columns: list[int], layers: list[int],
-                 logits: torch.Tensor, plan: Plan, settings: dict, pooled: int, diagnostics: dict) -> Explanation:
+def _explanation(item: Encoded, scores: np.ndarray, columns: list[int], logits: torch.Tensor, plan: Plan,
+                 settings: dict, pooled: int, diagnostics: dict) -> Explanation:
+    labels = plan.labels
     if labels.regression:
         prediction, probabilities = float(logits[0]), {}
     else:
@@ -251,7 +252,7 @@ def _explanation(item: Encoded, scores: np.ndarray, labels: LabelSpace, columns:
         probabilities = {labels.name(i): float(probs[i]) for i in shown}
     return Explanation(
         text=item.text, text_pair=item.text_pair, tokens=item.tokens, offsets=item.offsets, segments=item.segments,
-        special=item.special, scores=scores, labels=[labels.name(c) for c in columns], layers=list(layers),
+        special=item.special, scores=scores, labels=[labels.name(c) for c in columns], layers=list(plan.layers),
         prediction=prediction, probabilities=probabilities, method=plan.method.name, settings=settings,
         warnings=list(item.warnings), diagnostics=diagnostics, kind=plan.adapter.kind, regression=labels.regression,
         family=plan.adapter.family, pooled=pooled,

@@ -43,8 +43,9 @@ class PageState:
     contrast: dict[tuple[int, str, str], Explanation] = field(default_factory=dict)  # (step, a, b) -> explanation
 
 
-def check_inputs(text: str, pair: str | None, tokenizer) -> tuple[str, str | None]:
-    """The text and pair (``None`` if empty) after the demo's caps; raises :class:`normx.InvalidInputError`."""
+def check_inputs(text: str, pair: str | None, tokenizer) -> tuple[str, str | None, int]:
+    """The text, the pair (``None`` if empty) and their token count, after the demo's caps; raises
+    :class:`normx.InvalidInputError`."""
     text = text or ""
     pair = (pair or "").strip() or None
     for name, value in (("text", text), ("second text", pair)):
@@ -56,7 +57,7 @@ def check_inputs(text: str, pair: str | None, tokenizer) -> tuple[str, str | Non
     count = count_tokens(tokenizer, text, pair)
     if count > MAX_TOKENS:
         raise errors.InputTooLongError(f"the input has {count} tokens; this demo takes at most {MAX_TOKENS}")
-    return text, pair
+    return text, pair, count
 
 
 def gated(gate: WorkGate | None, model, method: str, tokens: int, fn, *, targets: int = 1, steps: int = 1):
@@ -105,8 +106,7 @@ def explain_request(cache, model_name: str, text: str, pair: str | None = None,
     if method not in list_methods():
         raise errors.UnknownMethodError(f"unknown method {method!r}; available: {', '.join(list_methods())}")
     model, tokenizer = cache.get(model_name)
-    text, pair = check_inputs(text, pair, tokenizer)
-    tokens = count_tokens(tokenizer, text, pair)
+    text, pair, tokens = check_inputs(text, pair, tokenizer)
     kind = get_adapter(model).kind
     layer = layer_spec(method)
     if kind == "causal_lm":

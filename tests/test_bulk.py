@@ -4,6 +4,7 @@ model offloaded with a device_map gives the plain model's scores."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -40,6 +41,25 @@ def read(folder: Path) -> list[dict]:
     return [row for f in sorted(folder.glob("shard-*.parquet")) for row in pq.read_table(f).to_pylist()]
 
 
+@contextlib.contextmanager
+def killed_after_the_first_shard():
+    """The run inside is killed (KeyboardInterrupt) when it is about to write its second shard."""
+    real, written = bulk._write_atomically, []
+
+    def dies_after_the_first(parquet, records, file):
+        if written:
+            raise KeyboardInterrupt("killed")
+        written.append(file)
+        real(parquet, records, file)
+
+    bulk._write_atomically = dies_after_the_first
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            yield
+    finally:
+        bulk._write_atomically = real
+
+
 @pytest.fixture(scope="module")
 def model():
     return tiny.build("BertForSequenceClassification")
@@ -73,26 +93,15 @@ def test_length_buckets_stay_in_the_token_budget():
     assert bulk.batches(lengths, max_tokens=64, batch_size=4) == [[0, 1, 2, 3], [4, 5, 6, 7], [8]]  # fixed, in order
 
 
-def test_a_killed_run_redoes_only_unfinished_shards(model, tmp_path, monkeypatch):
+def test_a_killed_run_redoes_only_unfinished_shards(model, tmp_path):
     texts = corpus(20, seed=1)
     data, out = write_tsv(tmp_path / "data.tsv", texts), tmp_path / "out"
-    real = bulk._write_atomically
-    writes = []
-
-    def dies_after_the_first(parquet, records, file):
-        if writes:
-            raise KeyboardInterrupt("killed")
-        writes.append(file)
-        real(parquet, records, file)
-
-    monkeypatch.setattr(bulk, "_write_atomically", dies_after_the_first)
-    with pytest.raises(KeyboardInterrupt):
+    with killed_after_the_first_shard():
         normx.attribute_dataset(*model, data, out, shard_size=6, progress=False)
     first = out / "shard-00000.parquet"
     stamp = first.stat().st_mtime_ns
     assert sorted(p.name for p in out.glob("shard-*")) == ["shard-00000.parquet"]
     assert not list(out.glob(".shard-*"))  # no half-written file left behind
-    monkeypatch.setattr(bulk, "_write_atomically", real)
     run = normx.attribute_dataset(*model, data, out, shard_size=6, progress=False)
     assert run.skipped == [0] and run.written == [1, 2, 3] and first.stat().st_mtime_ns == stamp
     assert [r["id"] for r in read(out)] == list(range(20))  # every id exactly once
@@ -183,7 +192,7 @@ def test_default_columns_of_the_glue_files(tmp_path):
 
 
 @pytest.mark.slow
-def test_minilm_sst2_on_sst2_dev_one_and_two_processes_killed_and_offloaded(tmp_path, monkeypatch):
+def test_minilm_sst2_on_sst2_dev_one_and_two_processes_killed_and_offloaded(tmp_path):
     """The real preset on the real dev set: two torchrun processes write what one does; a run killed after its first
     shard and restarted ends with every id once; the model offloaded to CPU + disk gives the same scores."""
     from test_data import SHARED
@@ -205,18 +214,8 @@ def test_minilm_sst2_on_sst2_dev_one_and_two_processes_killed_and_offloaded(tmp_
         assert a["tokens"] == b["tokens"] and np.allclose(a["scores"], b["scores"], rtol=1e-4, atol=1e-4)
 
     model, tokenizer = normx.load_model("minilm-sst2")
-    real, calls = bulk._write_atomically, []
-
-    def dies_after_the_first(parquet, records, file):
-        if calls:
-            raise KeyboardInterrupt("killed")
-        calls.append(file)
-        real(parquet, records, file)
-
-    monkeypatch.setattr(bulk, "_write_atomically", dies_after_the_first)
-    with pytest.raises(KeyboardInterrupt):
+    with killed_after_the_first_shard():
         normx.attribute_dataset(model, tokenizer, data, tmp_path / "resumed", shard_size=200, progress=False)
-    monkeypatch.setattr(bulk, "_write_atomically", real)
     run = normx.attribute_dataset(model, tokenizer, data, tmp_path / "resumed", shard_size=200, progress=False)
     assert run.skipped == [0] and run.written == [1, 2, 3, 4]
     resumed = read(tmp_path / "resumed")
