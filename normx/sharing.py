@@ -181,16 +181,11 @@ def using(model: nn.Module) -> Iterator[None]:
     other normx calls on it wait meanwhile, and never see it half switched.
     """
     lock = model_lock(model)
-    if lock.held_by_this_thread is None and _training_modules(model):
-        with lock.exclusive(), _eval_mode(model):
-            yield
-            return
-    with lock.shared():
+    with lock.shared():  # the flags are read under the lock: nobody is switching them meanwhile
         if lock.held_by_this_thread == _EXCLUSIVE or not _training_modules(model):
             yield  # (inside an exclusive hold the caller already switched what it needs)
             return
-    # a training model seen only after taking the lock shared (another thread switched it back meanwhile)
-    with lock.exclusive(), _eval_mode(model):
+    with lock.exclusive(), _eval_mode(model):  # a model in training mode
         yield
 
 
