@@ -114,6 +114,12 @@ def _run(args) -> int:
     if args.command == "methods":
         for name, description in normx.describe_methods().items():
             print(f"{name:<20} {description}")
+        experimental = {k: v for k, v in normx.describe_methods(experimental=True).items()
+                        if k not in normx.list_methods()}
+        if experimental:
+            print("\nexperimental (candidates under study, usable by name; docs/variants.md):")
+            for name, description in experimental.items():
+                print(f"{name:<20} {description}")
         return 0
     if args.command == "models":
         return _models(args)

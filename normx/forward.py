@@ -21,7 +21,8 @@ class Pass:
     """The captured representations of one batch and the quantities the methods need.
 
     ``layers`` are the layers the caller asked for (0 = embedding output, L = last block); the last layer is
-    always captured too, since the prediction is read from it.
+    always captured too, since the prediction is read from it, and so are the ``reads`` layers a method reads
+    besides them (``Method.reads_layers``).
     """
 
     model: torch.nn.Module  # the transformers model (PEFT-unwrapped)
@@ -33,6 +34,7 @@ class Pass:
     input_norm: torch.Tensor | None = None  # [B, T] float32: ||x_i^0||
     pooled: torch.Tensor | None = None  # [B] position of the pooled token
     mask_token_id: int | None = None  # masked-LM heads: the prediction is read at this token
+    reads: tuple[int, ...] = ()  # more layers to capture
     _normed: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)  # decoders: norm(x^L)
 
     def run(self) -> Pass:
@@ -41,7 +43,7 @@ class Pass:
         blocks = adapter.block_modules(model)
         layer_output = adapter.embedding_module(model, "layer")
         modules = {"x0": adapter.embedding_module(model, self.embedding)}
-        for layer in sorted(set(self.layers) | {num_layers}):
+        for layer in sorted(set(self.layers) | set(self.reads) | {num_layers}):
             modules[f"h{layer}"] = layer_output if layer == 0 else blocks[layer - 1]
         transforms = {"x0": lambda t: t.float().norm(dim=-1)}  # keep only the norms of x^0, not x^0 itself
         kwargs = adapter.forward_kwargs
@@ -111,28 +113,29 @@ class Pass:
 
     def logat(self, labels: LabelSpace, columns: torch.Tensor, foil: torch.Tensor | None) -> torch.Tensor:
         """LogAt scores [B, K, len(layers), T] for target columns [B, K] (minus the foil column [B], if given)."""
-        rows = torch.arange(columns.shape[0], device=columns.device)
-        per_layer = []
-        for layer in self.layers:
-            hidden = self.head_input(layer)
-            if labels.regression:
-                out = self.head(hidden).float()  # [B, T, 1]
-                pooled = out[rows, self.pooled]  # HoT(CLS) at the same layer
-                per_layer.append((out - pooled[:, None, :]).abs().permute(0, 2, 1))
-                continue
-            if labels.is_vocabulary:
-                wanted = columns if foil is None else torch.cat([columns, foil[:, None]], dim=1)
-                vocab, index = torch.unique(wanted, return_inverse=True)
-                out = self.head(hidden, vocab).float()  # [B, T, U] only the needed vocabulary columns
-                index_t, index_f = (index, None) if foil is None else (index[:, :-1], index[:, -1])
-            else:
-                out = self.head(hidden).float()  # [B, T, C]
-                index_t, index_f = columns, foil
-            scores = torch.gather(out, 2, index_t[:, None, :].expand(-1, out.shape[1], -1))  # [B, T, K]
-            if index_f is not None:
-                scores = scores - torch.gather(out, 2, index_f[:, None, None].expand(-1, out.shape[1], 1))
-            per_layer.append(scores.permute(0, 2, 1))  # [B, K, T]
-        return torch.stack(per_layer, dim=2)
+        return torch.stack([self.logat_at(layer, labels, columns, foil) for layer in self.layers], dim=2)
+
+    def logat_at(self, layer: int, labels: LabelSpace, columns: torch.Tensor, foil: torch.Tensor | None
+                 ) -> torch.Tensor:
+        """LogAt scores [B, K, T] at one captured layer."""
+        hidden = self.head_input(layer)
+        if labels.regression:
+            rows = torch.arange(columns.shape[0], device=columns.device)
+            out = self.head(hidden).float()  # [B, T, 1]
+            pooled = out[rows, self.pooled]  # HoT(CLS) at the same layer
+            return (out - pooled[:, None, :]).abs().permute(0, 2, 1)
+        if labels.is_vocabulary:
+            wanted = columns if foil is None else torch.cat([columns, foil[:, None]], dim=1)
+            vocab, index = torch.unique(wanted, return_inverse=True)
+            out = self.head(hidden, vocab).float()  # [B, T, U] only the needed vocabulary columns
+            index_t, index_f = (index, None) if foil is None else (index[:, :-1], index[:, -1])
+        else:
+            out = self.head(hidden).float()  # [B, T, C]
+            index_t, index_f = columns, foil
+        scores = torch.gather(out, 2, index_t[:, None, :].expand(-1, out.shape[1], -1))  # [B, T, K]
+        if index_f is not None:
+            scores = scores - torch.gather(out, 2, index_f[:, None, None].expand(-1, out.shape[1], 1))
+        return scores.permute(0, 2, 1)  # [B, K, T]
 
     def hidden_norms(self) -> torch.Tensor:
         """||x_i^l|| for the requested layers [B, len(layers), T]; layer 0 is the chosen input embedding."""

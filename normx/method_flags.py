@@ -12,7 +12,7 @@ from .methods import Option, get_method, list_methods
 
 def _by_name() -> dict[str, list[tuple[str, Option]]]:
     options: dict[str, list[tuple[str, Option]]] = {}
-    for method in list_methods():
+    for method in list_methods(experimental=True):
         for name, option in get_method(method).options.items():
             options.setdefault(name, []).append((method, option))
     return options

@@ -9,7 +9,7 @@ ones: :mod:`normx.logat`, :mod:`normx.gradients`, :mod:`normx.decompx`, :mod:`no
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -109,6 +109,9 @@ class Method:
     evaluation may rank farthest or closest first. ``cost(tokens, targets, options)``
     estimates the work for one text of ``tokens`` tokens with ``targets`` explained labels, in forward passes of
     the model on that text (default: one); :mod:`normx.budget` turns it into a work estimate servers can cap.
+    ``reads_layers(layer, num_layers, options)``: the layers the score at ``layer`` reads (default: that layer),
+    which the forward pass then captures too. ``experimental=True``: a candidate under study (docs/variants.md),
+    usable by name but left out of :func:`list_methods` and so of every default list (CLI, demo, evaluations).
     """
 
     name: str
@@ -126,6 +129,8 @@ class Method:
     cost: Callable[[int, int, Mapping[str, Any]], float] | None = None
     regression_distance: bool = False  # on a regression head its score is a distance from the prediction
     shares: bool = False  # its scores are non-negative shares summing to one over the tokens (a mixing-map row)
+    reads_layers: Callable[[int, int, Mapping[str, Any]], Iterable[int]] | None = None
+    experimental: bool = False  # usable by name, not offered by default
 
     def __post_init__(self):
         options = self.options
@@ -149,6 +154,13 @@ class Method:
             return None
         adapter = model_or_adapter if isinstance(model_or_adapter, Adapter) else get_adapter(model_or_adapter)
         return self.supports(adapter)
+
+    def capture(self, layers: list[int], num_layers: int, options: Mapping[str, Any]) -> list[int]:
+        """The layers a forward pass must capture for scores at ``layers`` (``reads_layers``)."""
+        if self.reads_layers is None:
+            return list(layers)
+        read = {int(j) for layer in layers for j in self.reads_layers(layer, num_layers, options)}
+        return sorted(read | set(layers))
 
     def passes(self, tokens: int, targets: int = 1, options: Mapping[str, Any] | None = None) -> float:
         """Estimated work for one text, in forward passes of the model on it (see ``cost``)."""
@@ -177,7 +189,7 @@ RESERVED_OPTIONS = frozenset({
 _METHODS: dict[str, Method] = {}
 # the modules whose import registers the built-in methods; imported on the registry's first use, so that importing
 # normx (or this registry) stays light, and there is no import cycle: they import this module, not the reverse
-BUILTIN_MODULES = ("normx.logat", "normx.gradients", "normx.decompx", "normx.mixing")
+BUILTIN_MODULES = ("normx.logat", "normx.gradients", "normx.decompx", "normx.mixing", "normx.variants")
 _builtins_loaded = False
 
 
@@ -206,18 +218,20 @@ def register_method(method: Method, *, overwrite: bool = False) -> None:
 def get_method(name: str) -> Method:
     _load_builtins()
     if not isinstance(name, str) or name not in _METHODS:
-        raise UnknownMethodError(f"unknown method {name!r}; available methods: {', '.join(list_methods())}")
+        raise UnknownMethodError(f"unknown method {name!r}; available methods: "
+                                 f"{', '.join(list_methods(experimental=True))}")
     return _METHODS[name]
 
 
-def list_methods() -> list[str]:
-    """Names of the registered attribution methods."""
+def list_methods(*, experimental: bool = False) -> list[str]:
+    """Names of the registered attribution methods; ``experimental=True`` adds the experimental ones (candidates
+    under study, usable by name: ``Method.experimental``)."""
     _load_builtins()
-    return sorted(_METHODS)
+    return sorted(name for name, method in _METHODS.items() if experimental or not method.experimental)
 
 
-def describe_methods() -> dict[str, str]:
-    return {name: _METHODS[name].description for name in list_methods()}
+def describe_methods(*, experimental: bool = False) -> dict[str, str]:
+    return {name: _METHODS[name].description for name in list_methods(experimental=experimental)}
 
 
 def display_name(name: str) -> str:

@@ -124,6 +124,7 @@ class Plan:
     layers: list[int]
     embedding: str
     mask_token_id: int | None
+    reads: tuple[int, ...] = ()  # layers the method reads besides ``layers`` (``Method.reads_layers``)
 
 
 @dataclass
@@ -170,7 +171,7 @@ def prepare(model, tokenizer, method: str = "normxlogit", target=None, layer=Non
     else:
         layers = [0]
     return Plan(model, base, adapter, chosen, options, labels, target_columns, foil_column, layers, embedding,
-                tokenizer.mask_token_id)
+                tokenizer.mask_token_id, tuple(chosen.capture(layers, num_layers, options)))
 
 
 def attribute_batch(plan: Plan, inputs: dict[str, torch.Tensor]) -> BatchAttribution:
@@ -181,7 +182,8 @@ def attribute_batch(plan: Plan, inputs: dict[str, torch.Tensor]) -> BatchAttribu
     ids = inputs["input_ids"]
     foil = None if plan.foil_column is None else torch.full(ids.shape[:1], plan.foil_column, device=ids.device)
     with using(plan.model), torch.no_grad():
-        run = Pass(plan.base, plan.adapter, inputs, plan.layers, plan.embedding, mask_token_id=plan.mask_token_id)
+        run = Pass(plan.base, plan.adapter, inputs, plan.layers, plan.embedding, mask_token_id=plan.mask_token_id,
+                   reads=plan.reads)
         if plan.method.predicts:  # its own forward pass makes the prediction (ctx.predict)
             ctx = Context(run.locate(), plan.labels, None, foil, options=plan.options,
                           select=lambda logits: _target_columns(plan.labels, logits, plan.target_columns))

@@ -77,7 +77,7 @@ def evaluate(model, tokenizer, task: str, data_path=None, limit: int | None = No
 
         items = blimp_lm.items(tokenizer, "dev", data_path)[:limit]
         return {"metric": metric_name(task), "value": blimp_lm.accuracy(model, tokenizer, items),
-                "examples": len(items)}
+                "examples": len(items), "paradigms": list(blimp_lm.PARADIGMS)}
     examples = glue.load(task, "dev", data_path)
     if limit is not None:
         examples = examples[:limit]

@@ -427,3 +427,87 @@ def test_the_2_files_take_the_noun_after_the_determiner_as_evidence():
     second = ev.extract_pair(rows[1], ev.get_paradigm("dnaa_2"))
     assert (first.good, first.bad, first.evidence) == ("these", "this", ("galleries",))
     assert (second.good, second.bad, second.evidence) == ("this", "these", ("actress",))
+
+
+# ---- evidence settings and special tokens ----------------------------------------------------------------------------
+
+def test_ana_evidence_phrase_is_the_subject_noun_phrase():
+    row = {"sentence_good": "A lot of granddaughters watched themselves.",
+           "sentence_bad": "A lot of granddaughters watched herself.", "pairID": "1"}
+    pair = ev.extract_pair(row, ev.get_paradigm("ana"))
+    words = [pair.sentence[a:b] for a, b in pair.spans("phrase")]
+    assert words == ["A", "lot", "of", "granddaughters"]
+    assert [pair.sentence[a:b] for a, b in pair.spans("word")] == ["granddaughters"] == list(pair.evidence)
+    assert pair.spans("first") == pair.spans("word")
+    darn = ev.extract_pair({"sentence_good": "A niece of most senators hasn't disagreed with Julia.",
+                            "sentence_bad": "A niece of most senators haven't disagreed with Julia."},
+                           ev.get_paradigm("darn"))
+    assert darn.spans("phrase") == darn.spans("word")  # outside ana the phrase is the evidence word
+    with pytest.raises(InvalidInputError, match="unknown evidence setting 'all'"):
+        pair.spans("all")
+
+
+def _pieces_explanation(tokenizer, text):
+    """What :func:`blimp.positions` reads from an explanation (tokens, offsets, special), from the tokenizer."""
+    from types import SimpleNamespace
+
+    enc = tokenizer(text, return_offsets_mapping=True, return_special_tokens_mask=True)
+    return SimpleNamespace(tokens=tokenizer.convert_ids_to_tokens(enc["input_ids"]),
+                           offsets=[tuple(o) for o in enc["offset_mapping"]],
+                           special=[bool(s) for s in enc["special_tokens_mask"]])
+
+
+def test_evidence_settings_pick_first_piece_word_or_phrase_tokens():
+    from transformers import AutoTokenizer
+
+    from normx.presets import minilm_dir
+
+    tokenizer = AutoTokenizer.from_pretrained(minilm_dir())
+    row = {"sentence_good": "Many granddaughters hurt themselves.",
+           "sentence_bad": "Many granddaughters hurt herself.", "pairID": "1"}
+    pair = ev.extract_pair(row, ev.get_paradigm("ana"))
+    found = {}
+    for setting in ev.EVIDENCE:
+        (item,), _, _ = blimp.prepare([pair], tokenizer, "masked_lm", setting)
+        explanation = _pieces_explanation(tokenizer, item.text)
+        at, exclude = blimp.positions(explanation, item, tokenizer.mask_token, setting)
+        found[setting] = [explanation.tokens[i] for i in at]
+        assert [explanation.tokens[i] for i in exclude] == ["[MASK]"]
+    assert found == {"first": ["granddaughter"], "word": ["granddaughter", "##s"],
+                     "phrase": ["many", "granddaughter", "##s"]}
+    at, exclude = blimp.positions(explanation, item, tokenizer.mask_token, "word", "exclude")
+    assert sorted(explanation.tokens[i] for i in exclude) == ["[CLS]", "[MASK]", "[SEP]"]
+    # every pair has its pieces counted: the plural marker that decides the number is evidence too
+    assert average_precision(np.arange(len(explanation.tokens), dtype=float), at, exclude) < 1.0
+
+
+def test_evidence_and_special_token_settings_in_the_experiment(data):
+    model, tokenizer = tiny.build("BertForMaskedLM")
+    runs = {(e, s): blimp.evaluate_blimp(model, tokenizer, ["ana"], ["l2norm"], data=data, evidence=e,
+                                         special_tokens=s, progress=False)
+            for e, s in [("phrase", "include"), ("first", "include"), ("phrase", "exclude")]}
+    for (e, s), run in runs.items():
+        assert (run.settings["evidence"], run.settings["special_tokens"]) == (e, s)
+    ap = {key: run.curves["ap"]["ana"]["l2norm"]["mean"] for key, run in runs.items()}
+    assert ap[("phrase", "include")] != ap[("first", "include")]  # "These patients", "A lot of senators"
+    assert ap[("phrase", "include")] != ap[("phrase", "exclude")]
+    # recomputed by hand without special tokens
+    items, _, _ = blimp.prepare(_pairs("ana"), tokenizer, "masked_lm", "phrase")
+    aps = []
+    for item in items:
+        explanation = normx.explain(model, tokenizer, item.text, method="l2norm", layer="all")
+        at, exclude = blimp.positions(explanation, item, tokenizer.mask_token, "phrase", "exclude")
+        keep = [i for i in range(len(explanation.tokens)) if i not in exclude]
+        assert not any(explanation.special[i] for i in keep)
+        aps.append(average_precision(explanation.scores[0], at, exclude))
+    np.testing.assert_allclose(ap[("phrase", "exclude")], np.mean(aps, axis=0), rtol=1e-5)
+    with pytest.raises(InvalidInputError, match="unknown evidence setting 'noun'; use one of phrase, word, first"):
+        blimp.evaluate_blimp(model, tokenizer, ["ana"], data=data, evidence="noun", progress=False)
+    with pytest.raises(InvalidInputError, match="unknown special_tokens setting 'drop'"):
+        blimp.evaluate_blimp(model, tokenizer, ["ana"], data=data, special_tokens="drop", progress=False)
+
+
+def test_default_paradigms_are_the_papers_five():
+    assert [ev.get_paradigm(k).uid for k in ev.DEFAULT_PARADIGMS] == [
+        "anaphor_number_agreement", "determiner_noun_agreement_2", "determiner_noun_agreement_with_adj_2",
+        "distractor_agreement_relational_noun", "regular_plural_subject_verb_agreement_1"]

@@ -20,7 +20,7 @@ OPTIONS = {"integrated_gradients": {"n_steps": 3}, "value_zeroing": {"internal_b
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("method", normx.list_methods())
+@pytest.mark.parametrize("method", normx.list_methods(experimental=True))
 def test_method_contract(method, family, unchanged):
     model, tokenizer = tiny.build(family)
     unchanged(model)
@@ -45,7 +45,7 @@ def test_method_contract(method, family, unchanged):
         assert set(together.diagnostics) == set(spec.diagnostics)  # what it reports is what it says it reports
 
 
-@pytest.mark.parametrize("method", normx.list_methods())
+@pytest.mark.parametrize("method", normx.list_methods(experimental=True))
 def test_dtype_follows_the_model(method, unchanged):
     model, tokenizer = tiny.build("BertForSequenceClassification", fresh=True)
     model.to(torch.bfloat16)

@@ -10,9 +10,11 @@ for the good target word against the bad one (the foil):
 
 Words may split into several tokens: the target and foil are the *first* token of the good and bad word as the
 tokenizer splits them in context (for a causal LM: the token that follows the prefix in the tokenized sentence,
-a leading-space token included); pairs where the two coincide are skipped and counted. The evidence is the first
-token of the evidence word, found through the explanation's character offsets. Special tokens stay among the
-ranked tokens, as in the paper's code.
+a leading-space token included); pairs where the two coincide are skipped and counted. The evidence tokens are
+found through the explanation's character offsets: by default every token of the evidence *phrase* (the
+antecedent noun phrase for ``ana``, the evidence word elsewhere: the authors' definitions), or every token of the
+evidence word, or only its first token (``evidence``, :data:`~normx.evaluation.evidence.EVIDENCE`). Special tokens
+stay among the ranked tokens, as in the paper's code, unless ``special_tokens="exclude"``.
 
 Curves: for every method, the mean Dot Product and Average Precision (:mod:`normx.evaluation.alignment`) per layer,
 per paradigm and pooled over all of them. ``logat`` gives two curves, LogAt(target) and LogAt(foil) (the head's
@@ -48,6 +50,7 @@ __all__ = ["BlimpReport", "evaluate_blimp", "prepare", "resolve_methods", "split
 
 SETTINGS = {"masked_lm": "masked", "causal_lm": "causal"}
 SPLITS = ("all", "train", "dev")
+SPECIAL_TOKENS = ("include", "exclude")
 
 
 @dataclass(frozen=True)
@@ -95,8 +98,10 @@ def next_token(tokenizer, sentence: str, prefix: str) -> int | None:
     return None
 
 
-def prepare(pairs: Sequence[ev.Pair], tokenizer, kind: str) -> tuple[list[Item], Counter, dict[str, str]]:
-    """Items for a ``kind`` ("masked_lm" / "causal_lm") model, and the pairs skipped (reason -> count, examples)."""
+def prepare(pairs: Sequence[ev.Pair], tokenizer, kind: str, evidence: str = "phrase"
+            ) -> tuple[list[Item], Counter, dict[str, str]]:
+    """Items for a ``kind`` ("masked_lm" / "causal_lm") model, and the pairs skipped (reason -> count, examples).
+    ``evidence`` chooses the evidence spans an item carries (:meth:`~normx.evaluation.evidence.Pair.spans`)."""
     items, skipped, examples = [], Counter(), {}
 
     def skip(reason, pair):
@@ -105,8 +110,9 @@ def prepare(pairs: Sequence[ev.Pair], tokenizer, kind: str) -> tuple[list[Item],
 
     for pair in pairs:
         start, end = pair.target_span
+        evidence_spans = pair.spans(evidence)
         if kind == "causal_lm":
-            if any(s[1] > start for s in pair.evidence_spans):
+            if any(s[1] > start for s in evidence_spans):
                 skip("the evidence does not precede the target", pair)
                 continue
             if not pair.prefix:
@@ -125,27 +131,32 @@ def prepare(pairs: Sequence[ev.Pair], tokenizer, kind: str) -> tuple[list[Item],
             skip("good and bad words start with the same token", pair)
             continue
         if kind == "causal_lm":
-            items.append(Item(pair, pair.prefix, target, foil, pair.evidence_spans))
+            items.append(Item(pair, pair.prefix, target, foil, evidence_spans))
         else:
             mask = tokenizer.mask_token
             text = pair.sentence[:start] + mask + pair.sentence[end:]
             shift = len(mask) - (end - start)
-            spans = tuple(s if s[1] <= start else (s[0] + shift, s[1] + shift) for s in pair.evidence_spans)
+            spans = tuple(s if s[1] <= start else (s[0] + shift, s[1] + shift) for s in evidence_spans)
             items.append(Item(pair, text, target, foil, spans))
     return items, skipped, examples
 
 
-def positions(explanation, item: Item, mask_token: str | None) -> tuple[list[int], list[int]] | None:
+def positions(explanation, item: Item, mask_token: str | None, evidence: str = "phrase",
+              special_tokens: str = "include") -> tuple[list[int], list[int]] | None:
     """(evidence token positions, excluded positions) in an explanation of ``item.text``; None if the evidence
-    is not among its tokens (e.g. truncated)."""
+    is not among its tokens (e.g. truncated). ``evidence="first"`` keeps the first token of each evidence span,
+    the other settings every token; ``special_tokens="exclude"`` leaves special tokens out of the ranking."""
     found = []
     for span in item.evidence_spans:
-        hits = [i for i, (a, b) in enumerate(explanation.offsets) if a < span[1] and b > span[0]]
+        hits = [i for i, (a, b) in enumerate(explanation.offsets) if a < span[1] and b > span[0]
+                and not explanation.special[i]]
         if not hits:
             return None
-        found.append(hits[0])
+        found.extend(hits[:1] if evidence == "first" else hits)
     exclude = [i for i, t in enumerate(explanation.tokens) if mask_token is not None and t == mask_token][:1]
-    return found, exclude
+    if special_tokens == "exclude":
+        exclude += [i for i, special in enumerate(explanation.special) if special and i not in exclude]
+    return list(dict.fromkeys(found)), exclude
 
 
 # ---- running the methods -----------------------------------------------------------------------------------------
@@ -194,13 +205,16 @@ def _explain_batch(model, tokenizer, method, items: list[Item], seed: int) -> di
 
 def evaluate_blimp(model, tokenizer, paradigms: Sequence[str] = ev.DEFAULT_PARADIGMS,
                    methods: Sequence[str] | None = None, *, data=None, split: str = "all",
-                   limit: int | None = None, seed: int = 0, batch_size: int = 16, progress: bool = True
-                   ) -> BlimpReport:
+                   limit: int | None = None, seed: int = 0, batch_size: int = 16, evidence: str = "phrase",
+                   special_tokens: str = "include", progress: bool = True) -> BlimpReport:
     """Run the evidence-alignment experiment (:class:`~normx.evaluation.blimp_report.BlimpReport`).
 
     ``split``: ``"all"`` covered pairs, or the seeded ``"train"`` / held-out ``"dev"`` part of each paradigm
     (:func:`split_pairs`; a model fine-tuned on BLiMP, like the ``minilm-blimp`` preset, is evaluated on ``"dev"``).
     ``limit``: at most this many of those pairs per paradigm, a sample drawn with ``seed`` (kept in file order).
+    ``evidence``: which tokens are the evidence, :data:`~normx.evaluation.evidence.EVIDENCE` ("phrase": the
+    authors' definitions, "word": every token of the evidence word, "first": its first token).
+    ``special_tokens``: "include" ranks [CLS] / [SEP] / <s> with the words (the paper's code), "exclude" does not.
     """
     from tqdm.auto import tqdm
 
@@ -218,6 +232,11 @@ def evaluate_blimp(model, tokenizer, paradigms: Sequence[str] = ev.DEFAULT_PARAD
     positive_int(batch_size, "batch_size")
     if split not in SPLITS:
         raise InvalidInputError(f"unknown split {split!r}; use one of {', '.join(SPLITS)}")
+    if evidence not in ev.EVIDENCE:
+        raise InvalidInputError(f"unknown evidence setting {evidence!r}; use one of {', '.join(ev.EVIDENCE)}")
+    if special_tokens not in SPECIAL_TOKENS:
+        raise InvalidInputError(f"unknown special_tokens setting {special_tokens!r}; use one of "
+                                f"{', '.join(SPECIAL_TOKENS)}")
     chosen = [ev.get_paradigm(p) for p in dict.fromkeys(paradigms)]
     if not chosen:
         raise InvalidInputError(f"no paradigms given; choose from {', '.join(ev.PARADIGMS)}")
@@ -235,12 +254,12 @@ def evaluate_blimp(model, tokenizer, paradigms: Sequence[str] = ev.DEFAULT_PARAD
         if limit is not None and limit < len(sampled):
             keep = sorted(random.Random(f"{seed}:{paradigm.key}").sample(range(len(sampled)), limit))
             sampled = [sampled[i] for i in keep]
-        items, skipped, examples = prepare(sampled, tokenizer, adapter.kind)
+        items, skipped, examples = prepare(sampled, tokenizer, adapter.kind, evidence)
         bar = tqdm(total=math.ceil(len(items) / batch_size) * len(methods), desc=f"blimp {paradigm.key}",
                    disable=not progress)
         with bar:
-            per_curve, missing = _score(model, tokenizer, items, methods, status, values, mask_token, batch_size,
-                                        seed, bar)
+            per_curve, missing = _score(model, tokenizer, items, methods, status, values,
+                                        (mask_token, evidence, special_tokens), batch_size, seed, bar)
         if missing:
             skipped["the evidence token is not in the model's input"] = missing
         coverage[paradigm.key] = {
@@ -257,16 +276,18 @@ def evaluate_blimp(model, tokenizer, paradigms: Sequence[str] = ev.DEFAULT_PARAD
         model=type(base).__name__, setting=SETTINGS[adapter.kind], layers=layers,
         paradigms=[p.key for p in chosen], methods=status, coverage=coverage, curves=curves,
         summary=_summarise(curves, layers),
-        settings={"split": split, "limit": limit, "seed": seed, "batch_size": batch_size, "seconds": timings,
+        settings={"split": split, "limit": limit, "seed": seed, "batch_size": batch_size, "evidence": evidence,
+                  "special_tokens": special_tokens, "seconds": timings,
                   "dtype": str(next(base.parameters()).dtype).replace("torch.", ""),
                   "device": str(next(base.parameters()).device)})
 
 
 def _score(model, tokenizer, items: list[Item], methods: list[str], status: dict, values: dict,
-           mask_token: str | None, batch_size: int, seed: int, bar) -> tuple[dict, int]:
+           locate: tuple, batch_size: int, seed: int, bar) -> tuple[dict, int]:
     """DP and AP rows (curve -> metric -> one array per pair) of one paradigm's items, and how many items had no
     evidence token in the model's input. A method that raises a normx error becomes "not applicable" and its
-    curves are dropped everywhere (``values`` holds the paradigms done so far)."""
+    curves are dropped everywhere (``values`` holds the paradigms done so far). ``locate``: the mask token and the
+    evidence and special-token settings, as :func:`positions` takes them."""
     per_curve: dict[str, dict[str, list[np.ndarray]]] = {}
     found: dict[int, tuple[list[int], list[int]] | None] = {}
     batches = [items[i:i + batch_size] for i in range(0, len(items), batch_size)]
@@ -295,7 +316,7 @@ def _score(model, tokenizer, items: list[Item], methods: list[str], status: dict
                 for offset, (explanation, scores) in enumerate(rows):
                     index = batch_index * batch_size + offset
                     if index not in found:
-                        found[index] = positions(explanation, batch[offset], mask_token)
+                        found[index] = positions(explanation, batch[offset], *locate)
                     if found[index] is None:
                         continue
                     evidence_at, exclude = found[index]

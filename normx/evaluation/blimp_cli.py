@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from . import evidence as ev
-from .blimp import SPLITS, evaluate_blimp
+from .blimp import SPECIAL_TOKENS, SPLITS, evaluate_blimp
 from .commands import add_names_argument, names, output_folder
 
 
@@ -27,6 +27,13 @@ def add_parser(subparsers):
                                                                  "sample); default: all")
     parser.add_argument("--seed", type=int, default=0, help="seed of the --limit sample and of `random`")
     parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--evidence", choices=ev.EVIDENCE, default="phrase",
+                        help="evidence tokens: phrase = the authors' definitions (ana: the antecedent noun phrase; "
+                             "elsewhere the evidence word), word = every token of the evidence word, first = its "
+                             "first token only")
+    parser.add_argument("--special-tokens", choices=SPECIAL_TOKENS, default="include",
+                        help="rank special tokens ([CLS], [SEP], <s>) with the words (include, the paper's code) "
+                             "or leave them out (exclude)")
     parser.add_argument("--out", required=True, help="output folder")
     parser.add_argument("--no-plots", action="store_true")
     parser.add_argument("--no-progress", action="store_true")
@@ -42,6 +49,7 @@ def run(args) -> int:
     paradigms = names(args.paradigms) or list(ev.DEFAULT_PARADIGMS)
     report = evaluate_blimp(model, tokenizer, paradigms, names(args.methods), data=args.data, split=args.split,
                             limit=args.limit, seed=args.seed, batch_size=args.batch_size,
+                            evidence=args.evidence, special_tokens=args.special_tokens,
                             progress=not args.no_progress)
     report.settings["model"] = args.model
     for file in report.write(args.out, plots=not args.no_plots):

@@ -13,13 +13,16 @@ last word.
 Rules, by paradigm (following Yin & Neubig 2022 and the NormXLogit paper's evidence definitions):
 
 - ``ana`` anaphor number agreement ("Many women hate themselves"): the target is the reflexive; the evidence is
-  its antecedent, the head of the subject. The words before the target are subject + auxiliaries + verb
-  (+ prepositions); strip the prepositions, the verb and the auxiliaries from the end, and the rest must be a
-  subject noun phrase. (A trailing "like" may be the verb itself, so fewer stripped prepositions are tried too.)
+  its antecedent, the head of the subject, and the evidence *phrase* the whole subject noun phrase ("Many women",
+  the antecedent as the authors' coreference resolver returns it). The words before the target are subject +
+  auxiliaries + verb (+ prepositions); strip the prepositions, the verb and the auxiliaries from the end, and the
+  rest must be a subject noun phrase. (A trailing "like" may be the verb itself, so fewer stripped prepositions
+  are tried too.)
 - ``dna``, ``dnaa`` determiner-noun agreement (with an adjective) 1 ("Tara likes that chair"): these files change
   the noun, so the target is the noun and the evidence is the nearest demonstrative (this/that/these/those) to its
-  left. (The NormXLogit paper used the ``_2`` files, which change the determiner, with the noun as evidence;
-  those files are not part of the data here.)
+  left. The NormXLogit paper uses the ``_2`` files instead (``dna_2``, ``dnaa_2``, the default): they change the
+  determiner ("Russell explored this / these mall"), so the target is the demonstrative and the evidence the
+  noun after it, the last word of the sentence's final noun phrase.
 - ``rpsv``, ``ipsv`` regular / irregular plural subject-verb agreement 1 ("The Clintons hate every person"): the
   target is the verb (or auxiliary) right after the subject, and every word before it is the subject noun
   phrase; the evidence is its head (for "a lot of cashiers", "cashiers", the word that carries the number).
@@ -27,7 +30,8 @@ Rules, by paradigm (following Yin & Neubig 2022 and the NormXLogit paper's evide
   the evidence is the head of the subject, the open-class word right before the first preposition (not the
   distractor noun after it; "a lot of" is skipped over).
 
-Every evidence word precedes its target in these paradigms, so they all work in the causal-LM setting too.
+In the ``_1`` files and ana / darn / rpsv / ipsv the evidence precedes its target, so they work in the causal-LM
+setting too; in ``dna_2`` / ``dnaa_2`` it follows the target, so only a masked LM can use them.
 """
 
 from __future__ import annotations
@@ -70,6 +74,7 @@ class Paradigm:
     evidence: str  # what the evidence word is, in words
     rule: Callable[[list[str], list[str]], int | None]  # (words before the target, their tags) -> evidence index
     after: bool = False  # the rule reads the words *after* the target (index counted from the word after it)
+    phrase: bool = False  # the evidence phrase is the noun phrase that starts the sentence and ends at the evidence
 
 
 @dataclass(frozen=True)
@@ -87,6 +92,14 @@ class Pair:
     bad: str
     evidence: tuple[str, ...]
     evidence_spans: tuple[tuple[int, int], ...]
+    phrase_spans: tuple[tuple[int, int], ...] = ()  # every word of the evidence phrase (default: the evidence word)
+
+    def spans(self, evidence: str) -> tuple[tuple[int, int], ...]:
+        """The evidence's character spans for an ``evidence`` setting (:data:`EVIDENCE`): the evidence word
+        ("first", "word") or the evidence phrase ("phrase")."""
+        if evidence not in EVIDENCE:
+            raise InvalidInputError(f"unknown evidence setting {evidence!r}; use one of {', '.join(EVIDENCE)}")
+        return (self.phrase_spans or self.evidence_spans) if evidence == "phrase" else self.evidence_spans
 
     @property
     def prefix(self) -> str:
@@ -160,7 +173,8 @@ def _final_word(after: list[str], tags: list[str]) -> int | None:
 
 PARADIGMS: dict[str, Paradigm] = {p.key: p for p in (
     Paradigm("ana", "anaphor_number_agreement", "anaphor_number_agreement",
-             "the antecedent of the reflexive (head of the subject)", _anaphor),
+             "the antecedent of the reflexive (head of the subject; phrase: the subject noun phrase)", _anaphor,
+             phrase=True),
     Paradigm("dna", "determiner_noun_agreement_1", "determiner_noun_agreement_1",
              "the demonstrative determiner of the noun", _demonstrative),
     Paradigm("dnaa", "determiner_noun_agreement_with_adjective_1", "determiner_noun_agreement_with_adj_1",
@@ -177,7 +191,11 @@ PARADIGMS: dict[str, Paradigm] = {p.key: p for p in (
     Paradigm("ipsv", "irregular_plural_subject_verb_agreement_1", "irregular_plural_subject_verb_agreement_1",
              "the head of the subject", subject_head),
 )}
-DEFAULT_PARADIGMS = ("ana", "dna", "dnaa", "darn", "rpsv")  # the NormXLogit paper's five
+DEFAULT_PARADIGMS = ("ana", "dna_2", "dnaa_2", "darn", "rpsv")  # the NormXLogit paper's five
+# Which tokens are the evidence: "first" = the first token of the evidence word; "word" = every token of it;
+# "phrase" = every token of the evidence phrase (the antecedent noun phrase for ``ana``, as the authors'
+# coreference-based evidence; the evidence word elsewhere, as their dependency-based evidence).
+EVIDENCE = ("phrase", "word", "first")
 
 
 def get_paradigm(key: str) -> Paradigm:
@@ -216,9 +234,9 @@ def extract_pair(row: dict, paradigm: Paradigm) -> Pair | str:
         evidence = paradigm.rule(before, tag(before))
     if evidence is None:
         return "no evidence word found by the rules"
+    phrase = tuple(good_spans[i] for i in range(evidence + 1)) if paradigm.phrase else ()
     return Pair(paradigm.key, str(row.get("pairID", "")), good, bad, good_spans[target], bad_spans[target],
-                good_words[target],
-                bad_words[target], (good_words[evidence],), (good_spans[evidence],))
+                good_words[target], bad_words[target], (good_words[evidence],), (good_spans[evidence],), phrase)
 
 
 def extract(rows: Iterable[dict], paradigm: Paradigm) -> Extraction:

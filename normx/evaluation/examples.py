@@ -24,12 +24,17 @@ from ..targets import LabelSpace
 DATA_SUFFIXES = (".tsv", ".jsonl")
 
 
-def load_examples(source: str, data_dir: str | None = None, limit: int | None = None) -> list[glue.Example]:
-    """Examples from a GLUE task name (its ``"dev"`` split: :func:`normx.data.load`) or a user TSV / JSONL file
-    (see the module docstring); the first ``limit`` of them."""
+def load_examples(source: str, data_dir: str | None = None, limit: int | None = None, split: str = "dev"
+                  ) -> list[glue.Example]:
+    """Examples from a GLUE task name (its ``split``, ``"dev"`` by default: :func:`normx.data.load`; ``"train"``
+    is the data the presets were trained on, e.g. to choose settings on data that is not reported) or a user TSV /
+    JSONL file (see the module docstring); the first ``limit`` of them."""
     positive_int(limit, "limit", none=True)
     if source in glue.TASKS:
-        examples = glue.load(source, "dev", data_dir)
+        examples = glue.load(source, split, data_dir)
+    elif split != "dev":
+        raise InvalidInputError(f"split={split!r} applies to a GLUE task ({', '.join(glue.TASKS)}), not to the data "
+                                f"file {source!r}")
     else:
         examples = read_examples(source)
     return examples[:limit] if limit is not None else examples

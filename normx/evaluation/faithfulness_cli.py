@@ -26,6 +26,10 @@ def add_parser(subparsers):
     parser.add_argument("--data-dir", default=None, help="the GLUE data folder (default: $NORMX_DATA)")
     add_names_argument(parser, "--methods", "method names (`normx methods`), or all (the default)")
     parser.add_argument("--limit", type=int, default=None, help="evaluate the first N examples")
+    parser.add_argument("--split", default="dev", choices=glue.SPLITS,
+                        help="a GLUE task's split: dev (default; for MNLI / QNLI the part the presets were not "
+                             "trained on) or train (the presets' training data: for choosing settings on data "
+                             "you will not report)")
     parser.add_argument("--out", required=True, help="output folder for summary.json, curves.csv, summary.csv, PNGs")
     parser.add_argument("--regression-ranking", default="farthest", choices=RANKINGS,
                         help="regression models: LogAt / NormXLogit rank tokens farthest from the prediction first "
@@ -58,7 +62,7 @@ def run(args) -> int:
     if unused:
         raise InvalidInputError(f"option(s) {', '.join('--' + u.replace('_', '-') for u in unused)} given, but none "
                                 f"of the methods {chosen} takes them")
-    examples = load_examples(args.data, args.data_dir, args.limit)
+    examples = load_examples(args.data, args.data_dir, args.limit, args.split)
     output_folder(args.out)
     model, tokenizer = normx.load_model(args.model)
     report = evaluate(model, tokenizer, examples, chosen, task=args.data if args.data in glue.TASKS else None,
@@ -68,6 +72,7 @@ def run(args) -> int:
                       skip_unsupported=methods is None, regression_ranking=args.regression_ranking)
     report.settings["model"] = args.model
     report.settings["data"] = args.data
+    report.settings["split"] = args.split
     report.settings["command"] = _command(args)
     written = report.write(args.out, plots=not args.no_plots)
     print(format_table(report))
@@ -82,6 +87,8 @@ def _command(args) -> str:
     parts.append(f"--methods {','.join(names(args.methods) or ['all'])}")
     if args.limit is not None:
         parts.append(f"--limit {args.limit}")
+    if args.split != "dev":
+        parts.append(f"--split {args.split}")
     if args.special_tokens != "include":
         parts.append(f"--special-tokens {args.special_tokens}")
     if args.regression_ranking != "farthest":
