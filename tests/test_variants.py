@@ -116,3 +116,21 @@ def test_variants_follow_a_bf16_model():
     for method in VARIANTS:
         e = normx.explain(model, tokenizer, tiny.TEXTS[0], method=method)
         assert e.settings["dtype"] == "bfloat16" and np.isfinite(e.scores).all()
+
+
+def test_choosing_settings_reads_the_training_split(tmp_path):
+    import os
+    from pathlib import Path
+
+    from normx.evaluation.examples import load_examples
+
+    file = tmp_path / "mine.tsv"
+    file.write_text("text\tlabel\nfine\t1\n")
+    with pytest.raises(InvalidInputError, match="applies to a GLUE task"):
+        load_examples(str(file), split="train")
+    shared = Path(os.environ.get("NORMX_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+    if not (shared / "mnli").is_dir():
+        pytest.skip("the shared data folder is not here")
+    train, dev = load_examples("mnli", str(shared), split="train"), load_examples("mnli", str(shared))
+    assert len(train) == 6870 and len(dev) == 2945
+    assert not {(e.text, e.pair) for e in train} & {(e.text, e.pair) for e in dev}
