@@ -112,6 +112,58 @@ def captum_ig(work: Workload, n_steps: int) -> torch.Tensor:
     return attributions.detach().float().abs().sum(-1)
 
 
+# the experimental variants (normx/variants.py): what is read from the head, and which norm weighs it
+VARIANTS = {"normx_margin": ("margin", "input"), "logat_margin": ("margin", None), "normx_prob": ("prob", "input"),
+            "normx_selfnorm": ("logit", "self"), "normx_window": ("logit", "input")}
+
+
+def _last_block_output(work: Workload) -> torch.Tensor:
+    """The last block's output before any final norm [B, T, H] (``output_hidden_states`` gives Llama's normed)."""
+    base = unwrap_model(work.model)
+    blocks = base.bert.encoder.layer if _family(base) == "bert" else base.model.layers
+    seen = []
+    handle = blocks[-1].register_forward_hook(lambda module, args, out: seen.append(
+        (out[0] if isinstance(out, tuple) else out).detach().float()))
+    try:
+        with torch.no_grad():
+            work.model(**_model_inputs(work))
+    finally:
+        handle.remove()
+    return seen[0]
+
+
+def variant_reference(work: Workload, read: str, norm: str | None) -> torch.Tensor:
+    """An experimental variant's scores [B, T] at the last layer, from ``output_hidden_states``: the head's logit
+    (regression: distance from the pooled token's output), log-odds against the other classes or probability of the
+    predicted label, averaged over the ``window`` last layers, times ||x^0||, ||x^L|| or nothing."""
+    base, hidden, logits = hidden_and_logits(work)
+    last = len(hidden) - 1
+    rows = torch.arange(logits.shape[0], device=logits.device)
+    label = logits.argmax(-1)
+    pooled = _pooled(base, work.inputs)
+    window = work.plan.options["window"]
+    per_layer = []
+    with torch.no_grad():
+        for layer in range(max(0, last - window + 1), last + 1):
+            out = head_on_tokens(base, hidden[layer].to(next(base.parameters()).dtype), last=layer == last).float()
+            if base.config.num_labels == 1:
+                per_layer.append((out - out[rows, pooled][:, None, :]).abs()[..., 0])
+            elif read == "logit":
+                per_layer.append(out[rows, :, label])
+            elif read == "prob":
+                per_layer.append(out.softmax(-1)[rows, :, label])
+            else:
+                others = out.clone()
+                others[rows, :, label] = float("-inf")
+                per_layer.append(out[rows, :, label] - others.logsumexp(-1))
+    score = torch.stack(per_layer).mean(0)
+    if norm == "input":
+        return hidden[0].norm(dim=-1) * score
+    if norm == "self":
+        return _last_block_output(work).norm(dim=-1) * score
+    return score
+
+
 def check(work: Workload, result, full: bool = True) -> None:
     """Assert that ``result`` of :meth:`Workload.attribute` is right. ``full=False`` skips the references that cost
     as much as the method itself (Captum's Integrated Gradients); the cheap checks still run."""
@@ -143,6 +195,8 @@ def check(work: Workload, result, full: bool = True) -> None:
             _close(work, scores[:, 0, 0], captum_ig(work, work.explain_kwargs["n_steps"]), method, rtol=1e-3)
     elif method == "decompx":
         _check_decompx(work, result, scores)
+    elif method in VARIANTS:
+        _close(work, scores[:, 0, -1], variant_reference(work, *VARIANTS[method]), method)
     else:
         raise KeyError(f"no reference for {method!r}")
 

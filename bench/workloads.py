@@ -36,6 +36,12 @@ METHODS: dict[str, tuple[str, dict] | None] = {
     "gradient_x_input": ("gradient_x_input", {}),
     "integrated_gradients": ("integrated_gradients", {"n_steps": 50}),
     "decompx": ("decompx", {}),
+    # the experimental one-pass variants (docs/variants.md)
+    "normx_margin": ("normx_margin", {}),
+    "logat_margin": ("logat_margin", {}),
+    "normx_prob": ("normx_prob", {}),
+    "normx_selfnorm": ("normx_selfnorm", {}),
+    "normx_window": ("normx_window", {}),
 }
 
 WORDS = ("the film was a good story about a quiet team that nobody expected to win the final match while the "
@@ -53,6 +59,7 @@ class ModelSpec:
     description: str
     pair: bool = False  # takes text pairs
     model_class: str = "BertForSequenceClassification"  # what the methods' supports() is asked about
+    regression: bool = False  # a regression head (one output): methods that need classes do not apply
     smoke: bool = False  # a tiny model for the default (smoke) run
 
 
@@ -100,13 +107,13 @@ MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in [
     ModelSpec("bert-base", _bert_base, "BERT-base size (BertConfig() defaults), random weights, binary head"),
     ModelSpec("minilm-sst2", _preset("minilm-sst2"), "preset: all-MiniLM-L6-v2 + LoRA, SST-2"),
     ModelSpec("minilm-stsb", _preset("minilm-stsb"), "preset: all-MiniLM-L6-v2 + LoRA, STS-B regression (pairs)",
-              pair=True),
+              pair=True, regression=True),
     ModelSpec("minilm-mnli", _preset("minilm-mnli"), "preset: all-MiniLM-L6-v2 + LoRA, MNLI (pairs)", pair=True),
     ModelSpec("smollm2-sst2", _preset("smollm2-sst2"), "preset: SmolLM2-135M (Llama, 30 layers) + LoRA, SST-2",
               model_class="LlamaForSequenceClassification"),
     ModelSpec("tiny-bert", _tiny_bert, "tiny random BERT classifier (smoke tests)", smoke=True),
     ModelSpec("tiny-bert-pair-regression", functools.partial(_tiny_bert, 1),
-              "tiny random BERT regression head on pairs (smoke tests)", pair=True, smoke=True),
+              "tiny random BERT regression head on pairs (smoke tests)", pair=True, smoke=True, regression=True),
     ModelSpec("tiny-llama", _tiny_llama, "tiny random Llama classifier (smoke tests)",
               model_class="LlamaForSequenceClassification", smoke=True),
 ]}
@@ -124,8 +131,10 @@ def load(name: str, device: str = "cpu", dtype: str = "float32"):
 def applies(model: str, method: str) -> bool:
     if METHODS[method] is None:  # the plain forward pass
         return True
-    adapter = normx.adapters.registered_adapters()[MODELS[model].model_class]
-    return normx.methods.get_method(METHODS[method][0]).unsupported(adapter) is None
+    spec, chosen = MODELS[model], normx.methods.get_method(METHODS[method][0])
+    if spec.regression and not chosen.explains_regression:
+        return False
+    return chosen.unsupported(normx.adapters.registered_adapters()[spec.model_class]) is None
 
 
 # ---- inputs of exactly L tokens ----------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from .adapters import Adapter, get_adapter
+from .adapters import Adapter, get_adapter, unwrap_model
 from .errors import InvalidInputError, UnknownMethodError
 
 if TYPE_CHECKING:
@@ -131,6 +131,7 @@ class Method:
     shares: bool = False  # its scores are non-negative shares summing to one over the tokens (a mixing-map row)
     reads_layers: Callable[[int, int, Mapping[str, Any]], Iterable[int]] | None = None
     experimental: bool = False  # usable by name, not offered by default
+    explains_regression: bool = True  # False: it needs a head with two or more classes
 
     def __post_init__(self):
         options = self.options
@@ -149,11 +150,15 @@ class Method:
 
     def unsupported(self, model_or_adapter) -> str | None:
         """Why this method cannot explain a model (given as the model, PEFT-wrapped or not, or its adapter), or
-        ``None`` if it can."""
-        if self.supports is None:
-            return None
-        adapter = model_or_adapter if isinstance(model_or_adapter, Adapter) else get_adapter(model_or_adapter)
-        return self.supports(adapter)
+        ``None`` if it can. Only a model shows whether its head does regression (``explains_regression``)."""
+        given_model = not isinstance(model_or_adapter, Adapter)
+        adapter = get_adapter(model_or_adapter) if given_model else model_or_adapter
+        if given_model and not self.explains_regression and adapter.kind == "sequence_classification":
+            from .targets import is_regression
+
+            if is_regression(unwrap_model(model_or_adapter).config):
+                return "it compares the label with the other classes, and this is a regression head (one output)"
+        return None if self.supports is None else self.supports(adapter)
 
     def capture(self, layers: list[int], num_layers: int, options: Mapping[str, Any]) -> list[int]:
         """The layers a forward pass must capture for scores at ``layers`` (``reads_layers``)."""

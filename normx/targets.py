@@ -14,7 +14,7 @@ class LabelSpace:
         self.kind = kind
         self.config = config
         self.tokenizer = tokenizer
-        self.regression = kind == "sequence_classification" and _is_regression(config)
+        self.regression = kind == "sequence_classification" and is_regression(config)
         if kind == "sequence_classification":
             n = int(config.num_labels)
             if self.regression and n != 1:
@@ -102,7 +102,7 @@ class LabelSpace:
         )
 
 
-def _is_regression(config) -> bool:
+def is_regression(config) -> bool:
     if getattr(config, "problem_type", None) == "regression":
         return True
     return int(getattr(config, "num_labels", 2)) == 1

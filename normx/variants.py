@@ -85,23 +85,23 @@ def _variant(read: str, norm: str | None):
     return compute
 
 
-def _register(name: str, read: str, norm: str | None, text: str, display: str, window: int = 1,
-              supports=None) -> None:
+def _register(name: str, read: str, norm: str | None, text: str, display: str, window: int = 1) -> None:
     option = WINDOW if window == 1 else Option(WINDOW.name, window, WINDOW.help, int)
+    classes = read != "logit"  # compares the label with the other classes
     register_method(Method(
         name, _variant(read, norm), "Experimental (docs/variants.md): " + text, display=display,
-        options=[option], reads_layers=_reads, supports=supports, experimental=True,
-        regression_distance=read == "logit"))
+        options=[option], reads_layers=_reads, supports=_classifier_only if classes else None, experimental=True,
+        regression_distance=not classes, explains_regression=not classes))
 
 
 _register("normx_margin", "margin", "input",
           "||x_i^0|| x the head's log-odds for the label on each token (z_t - logsumexp of the other classes)",
-          "NormX-Margin", supports=_classifier_only)
+          "NormX-Margin")
 _register("logat_margin", "margin", None,
           "the head's log-odds for the label on each token (z_t - logsumexp of the other classes)",
-          "LogAt-Margin", supports=_classifier_only)
+          "LogAt-Margin")
 _register("normx_prob", "prob", "input",
-          "||x_i^0|| x the head's probability of the label on each token", "NormX-Prob", supports=_classifier_only)
+          "||x_i^0|| x the head's probability of the label on each token", "NormX-Prob")
 _register("normx_selfnorm", "logit", "self",
           "||x_i^l|| x LogAt(x_i^l): the norm of the representation the head reads instead of the input's",
           "SelfNorm-LogAt")

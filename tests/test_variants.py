@@ -91,6 +91,8 @@ def test_what_the_variants_refuse(classifier):
     regression, tok = tiny.build("BertForSequenceClassification", num_labels=1)
     with pytest.raises(UnsupportedModelError, match="regression head"):
         normx.explain(regression, tok, tiny.TEXTS[0], method="normx_prob")
+    assert "regression head" in get_method("normx_margin").unsupported(regression)
+    assert get_method("normx_window").unsupported(regression) is None
     lm, tok = tiny.build("GPT2LMHeadModel")
     assert "classifier head" in get_method("normx_margin").unsupported(lm)
     assert get_method("normx_selfnorm").unsupported(lm) is None

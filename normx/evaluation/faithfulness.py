@@ -121,7 +121,7 @@ def evaluate(model, tokenizer, examples: Sequence, methods: str | Sequence[str] 
 
     skipped: dict[str, str] = {}
     for name in list(names):  # what a method supports is on the method: no need to try it
-        reason = get_method(name).unsupported(adapter)
+        reason = get_method(name).unsupported(model)
         if reason is None:
             continue
         if not skip_unsupported:
