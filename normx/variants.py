@@ -107,4 +107,4 @@ _register("normx_selfnorm", "logit", "self",
           "SelfNorm-LogAt")
 _register("normx_window", "logit", "input",
           "||x_i^0|| x LogAt averaged over the last `window` layers (ending at the explained layer)",
-          "NormX-Window", window=2)
+          "NormX-Window", window=6)
