@@ -126,6 +126,18 @@ HAND_CHECKED = {
         ("This window hasn't astounded that lost dancer.", "This window hasn't astounded that lost dancers.",
          "dancer", "dancers", "that"),  # 779
     ],
+    "dna_2": [  # the determiner changes; the evidence is the noun after it
+        ("Some dog stunned this committee.", "Some dog stunned these committee.", "this", "these", "committee"),  # 0
+        ("Tracy passed these art galleries.", "Tracy passed this art galleries.", "these", "this", "galleries"),  # 1
+        ("Samuel would conceal those chairs.", "Samuel would conceal that chairs.", "those", "that", "chairs"),  # 500
+    ],
+    "dnaa_2": [
+        ("Cynthia scans these hard books.", "Cynthia scans this hard books.", "these", "this", "books"),  # 0
+        ("Donna might hire this serious actress.", "Donna might hire these serious actress.", "this", "these",
+         "actress"),  # 1
+        ("Erin isn't criticizing this purple book.", "Erin isn't criticizing these purple book.", "this", "these",
+         "book"),  # 500
+    ],
     "darn": [
         ("A niece of most senators hasn't descended most slopes.",
          "A niece of most senators haven't descended most slopes.", "hasn't", "haven't", "niece"),  # 0
@@ -163,7 +175,10 @@ def test_evidence_rules_on_hand_checked_pairs(key):
         start, end = pair.evidence_spans[0]
         assert good[start:end] == evidence
         assert good[slice(*pair.target_span)] == target and bad[slice(*pair.bad_span)] == foil
-        assert pair.evidence_spans[0][1] <= pair.target_span[0]  # the evidence precedes the target
+        if paradigm.after:  # the _2 files: the evidence follows the target
+            assert pair.evidence_spans[0][0] >= pair.target_span[1]
+        else:
+            assert pair.evidence_spans[0][1] <= pair.target_span[0]  # the evidence precedes the target
         assert pair.prefix == good[:pair.target_span[0]].rstrip()
 
 
