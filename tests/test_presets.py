@@ -65,7 +65,9 @@ def test_masked_lm_preset_prefers_the_grammatical_word():
     cases = [("The cats near the door [MASK] sleeping.", "are", "is"),
              ("The teacher [MASK] the students.", "likes", "like"),
              ("Susan revealed [MASK].", "herself", "themselves"),
-             ("Those [MASK] were broken.", "windows", "window")]
+             # the paper's determiner-noun items mask the determiner (dna_2: "Russell explored this / these mall")
+             ("Russell explored [MASK] mall.", "this", "these"),
+             ("Russell explored [MASK] malls.", "these", "this")]
     for text, good, bad in cases:
         ids = tokenizer.convert_tokens_to_ids([good, bad])
         e = normx.explain(model, tokenizer, text, method="logat", target=ids)
