@@ -534,3 +534,36 @@ def test_regression_ranking_closest_negates_only_the_distance_methods(monkeypatc
     assert all(np.allclose(a, b) for a, b in zip(*l2))  # the ℓ2 norm is no distance: unchanged
     with pytest.raises(InvalidInputError, match="regression_ranking"):
         faith.evaluate(model, tokenizer, examples, ["logat"], progress=False, regression_ranking="nearest")
+
+
+def test_paired_difference_of_two_methods_from_the_per_example_aopcs():
+    model, tokenizer = tiny.build("BertForSequenceClassification")
+    examples = [Example(t, p, label) for t, p, label in zip(tiny.TEXTS, tiny.PAIRS, (0, 2, 1))] * 2
+    report = faith.evaluate(model, tokenizer, examples, ["normxlogit", "random"], progress=False)
+    # per-example AOPCs by hand from the perturbed logits: the probability drop of the unperturbed prediction
+    original = normx.explain(model, tokenizer, [e.text for e in examples], text_pair=[e.pair for e in examples])
+    rows = {}
+    for method in ("normxlogit", "random"):
+        logits = report.results[method].logits["comprehensiveness"]  # [N, K, C]
+        probs = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
+        unperturbed = np.array([list(o.probabilities.values()) for o in original])  # [N, C] in class order
+        predicted = unperturbed.argmax(-1)
+        start = unperturbed[np.arange(len(examples)), predicted]
+        drops = start[:, None] - probs[np.arange(len(examples)), :, predicted]
+        rows[method] = drops[:, 1:-1].mean(1)
+        np.testing.assert_allclose(report.results[method].examples["comprehensiveness"]["confidence_drop"],
+                                   rows[method], atol=1e-5)
+    mean, error = report.difference("normxlogit", "random")
+    diff = rows["normxlogit"] - rows["random"]
+    assert mean == pytest.approx(diff.mean(), abs=1e-5)
+    assert mean == pytest.approx(report.aopc("normxlogit") - report.aopc("random"), abs=1e-9)
+    assert error == pytest.approx(diff.std(ddof=1) / np.sqrt(len(diff)), abs=1e-5)
+    back = faith.FaithfulnessReport.from_dict(report.to_dict())  # stored in summary.json, read back
+    assert back.difference("normxlogit", "random") == pytest.approx((mean, error))
+    with pytest.raises(InvalidInputError, match="no method 'decompx'"):
+        report.difference("normxlogit", "decompx")
+    regression, tok = tiny.build("BertForSequenceClassification", num_labels=1)
+    scored = faith.evaluate(regression, tok, [Example(t, p, s) for t, p, s in zip(tiny.TEXTS, tiny.PAIRS, (1, 4, 2))],
+                            ["normxlogit", "random"], progress=False)
+    with pytest.raises(InvalidInputError, match="Pearson r is not a per-example mean"):
+        scored.difference("normxlogit", "random")

@@ -41,6 +41,7 @@ from .metrics import (
     aopc,
     classification_curves,
     classification_values,
+    example_aopcs,
     pearson,
     regression_curves,
     softmax,
@@ -146,7 +147,7 @@ def evaluate(model, tokenizer, examples: Sequence, methods: str | Sequence[str] 
             else 1.0
         perturbed = runner.perturbed_logits(items, [sign * e.token_scores() for e in explanations],
                                             desc=f"perturbed inputs {name}")
-        curves, errors = {}, {}
+        curves, errors, examples = {}, {}, {}
         for mode, logits in perturbed.items():
             if labels.regression:
                 values = regression_curves(logits, gold)
@@ -155,10 +156,11 @@ def evaluate(model, tokenizer, examples: Sequence, methods: str | Sequence[str] 
                 per_example = classification_values(original, logits, gold)
                 values = {metric: v.mean(0) for metric, v in per_example.items()}
                 errors[mode] = {metric: standard_error(v, ks) for metric, v in per_example.items()}
+                examples[mode] = {metric: example_aopcs(v, ks).tolist() for metric, v in per_example.items()}
             curves[mode] = {metric: [float(v) for v in curve] for metric, curve in values.items()}
         results[name] = MethodResult(name, perturbed, curves, errors, options[name],
                                      {"explain": round(explain_seconds, 2),
-                                      "perturb": round(time.perf_counter() - start, 2)})
+                                      "perturb": round(time.perf_counter() - start, 2)}, examples)
 
     settings = _settings(model, labels, encoded, {
         "data": task, "task": task, "ks": list(ks), "special_tokens": special_tokens, "perturbation": strategy,

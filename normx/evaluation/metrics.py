@@ -62,14 +62,24 @@ def classification_curves(original: np.ndarray, perturbed: np.ndarray, gold: np.
     return {metric: values.mean(0) for metric, values in classification_values(original, perturbed, gold).items()}
 
 
+def example_aopcs(values: np.ndarray, ks: Sequence[float] = K_VALUES) -> np.ndarray:
+    """Per-example AOPCs [N]: the rows of ``values`` [N, K] averaged over 0 < K < 1."""
+    middle = [j for j, k in enumerate(ks) if 0 < k < 1]
+    return np.asarray(values, dtype=np.float64)[:, middle].mean(1)
+
+
+def mean_and_error(per_example: np.ndarray) -> tuple[float, float]:
+    """The mean of per-example values and its standard error (standard deviation / sqrt(N); NaN for one value)."""
+    per_example = np.asarray(per_example, dtype=np.float64)
+    if len(per_example) < 2:
+        return float(per_example.mean()) if len(per_example) else float("nan"), float("nan")
+    return float(per_example.mean()), float(per_example.std(ddof=1) / math.sqrt(len(per_example)))
+
+
 def standard_error(values: np.ndarray, ks: Sequence[float] = K_VALUES) -> float:
     """The standard error of the AOPC over examples: per-example AOPCs (rows of ``values`` [N, K] averaged over
     0 < K < 1), their standard deviation / sqrt(N). NaN for a single example."""
-    middle = [j for j, k in enumerate(ks) if 0 < k < 1]
-    per_example = np.asarray(values, dtype=np.float64)[:, middle].mean(1)
-    if len(per_example) < 2:
-        return float("nan")
-    return float(per_example.std(ddof=1) / math.sqrt(len(per_example)))
+    return mean_and_error(example_aopcs(values, ks))[1]
 
 
 def regression_curves(perturbed: np.ndarray, gold: np.ndarray) -> dict[str, np.ndarray]:
