@@ -112,10 +112,10 @@ def _run(args) -> int:
     if args.command not in ("methods", "models", "supported"):  # the light commands never import transformers
         _quiet_transformers()
     if args.command == "methods":
-        for name, description in normx.describe_methods().items():
+        offered = normx.describe_methods()
+        for name, description in offered.items():
             print(f"{name:<20} {description}")
-        experimental = {k: v for k, v in normx.describe_methods(experimental=True).items()
-                        if k not in normx.list_methods()}
+        experimental = {k: v for k, v in normx.describe_methods(experimental=True).items() if k not in offered}
         if experimental:
             print("\nexperimental (candidates under study, usable by name; docs/variants.md):")
             for name, description in experimental.items():

@@ -124,7 +124,7 @@ class Plan:
     layers: list[int]
     embedding: str
     mask_token_id: int | None
-    reads: tuple[int, ...] = ()  # layers the method reads besides ``layers`` (``Method.reads_layers``)
+    reads: tuple[int, ...] = ()  # every layer the method's scores read, ``layers`` included (``Method.capture``)
 
 
 @dataclass

@@ -56,9 +56,9 @@ def _class_scores(ctx: Context, layer: int, read: str) -> torch.Tensor:
     logits = run.head(run.head_input(layer)).float()  # [B, T, C]
     per_class = logits[:, None].expand(-1, ctx.columns.shape[1], -1, -1)  # [B, K, T, C]
     index = ctx.columns[:, :, None, None].expand(-1, -1, logits.shape[1], 1)
-    target = per_class.gather(3, index).squeeze(3)  # [B, K, T]
     if read == "prob":
         return torch.softmax(per_class, dim=-1).gather(3, index).squeeze(3)
+    target = per_class.gather(3, index).squeeze(3)  # [B, K, T]
     is_target = torch.zeros_like(per_class, dtype=torch.bool).scatter_(3, index, True)
     return target - torch.logsumexp(per_class.masked_fill(is_target, float("-inf")), dim=-1)
 
@@ -71,11 +71,14 @@ def _head_score(ctx: Context, layer: int, read: str) -> torch.Tensor:
 
 def _variant(read: str, norm: str | None):
     def compute(ctx: Context) -> torch.Tensor:
-        window = _window(ctx.options)
+        head: dict[int, torch.Tensor] = {}  # layer -> [B, K, T], each layer's head run once however many windows
         per_layer = []
         for layer in ctx.run.layers:
-            span = range(max(0, layer - window + 1), layer + 1)
-            per_layer.append(torch.stack([_head_score(ctx, j, read) for j in span]).mean(0))  # [B, K, T]
+            span = _reads(layer, 0, ctx.options)
+            for j in span:
+                if j not in head:
+                    head[j] = _head_score(ctx, j, read)
+            per_layer.append(torch.stack([head[j] for j in span]).mean(0))  # [B, K, T]
         scores = torch.stack(per_layer, dim=2)  # [B, K, layers, T]
         if norm == "input":
             return ctx.run.input_norm[:, None, None, :] * scores
