@@ -121,7 +121,7 @@ def normx_scores(model, tok, sentences: list[str], opts: dict, batch: int) -> di
     import torch
 
     import normx
-    from normx.decompx import decompose
+    from normx.methods.decompx import decompose
 
     label2id = model.config.label2id
     ex = normx.explain(model, tok, sentences, method="decompx", layer="all", batch_size=batch, **opts)
@@ -155,7 +155,7 @@ def run_normx(args) -> None:
     import peft
 
     import normx
-    import normx.decompx_rules
+    import normx.methods.decompx.rules
 
     work = Path(args.work)
     sentences = read_sentences(Path(args.data), args.n)
@@ -164,7 +164,7 @@ def run_normx(args) -> None:
     out = {"ids": np.array(json.dumps([tok(s)["input_ids"] for s in sentences]))}
     configs = dict(CONFIGS)
     if args.fast_ffn:  # the FFN path normx takes for absdot on long texts (sources * 2 >= hidden), on short ones
-        normx.decompx_rules.FAST_FFN_SOURCES = 10**9
+        normx.methods.decompx.rules.FAST_FFN_SOURCES = 10**9
         configs = {name: c for name, c in CONFIGS.items() if c[0]["bias_rule"] == "absdot"}
     else:
         peft_default = normx_scores(model, tok, sentences, CONFIGS["absdot (default / demo)"][0], args.batch_size)

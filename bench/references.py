@@ -9,8 +9,8 @@ import torch
 import transformers
 from workloads import Workload
 
-from normx.adapters import unwrap_model
-from normx.pipeline import BatchAttribution
+from normx.explanations.pipeline import BatchAttribution
+from normx.models import unwrap_model
 
 
 def _close(work: Workload, actual, expected, what: str, rtol: float = 1e-4):
@@ -240,6 +240,6 @@ def check_end_to_end(work: Workload, result) -> None:
 
 
 def attribute_batch_for(work: Workload) -> BatchAttribution:
-    from normx.pipeline import attribute_batch
+    from normx.explanations.pipeline import attribute_batch
 
     return attribute_batch(work.plan, work.inputs)

@@ -102,9 +102,9 @@ def test_one_vs_two_processes(request, tmp_path):
     args = ["attribute", "--model", "minilm-sst2", "--data", str(data / "sst2" / "dev.tsv"), "--shard-size", "200",
             "--no-progress"]
     seconds = {}
-    for label, prefix, threads in (("1 process", [sys.executable, "-m", "normx.cli"], "2"),
+    for label, prefix, threads in (("1 process", [sys.executable, "-m", "normx.cli.main"], "2"),
                                    ("2 processes", [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                                                    "--nproc-per-node", "2", "-m", "normx.cli"], "1")):
+                                                    "--nproc-per-node", "2", "-m", "normx.cli.main"], "1")):
         env = dict(os.environ, OMP_NUM_THREADS=threads)
         start = time.perf_counter()
         done = subprocess.run([*prefix, *args, "--out", str(tmp_path / label.replace(" ", "-"))], env=env,

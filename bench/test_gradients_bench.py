@@ -8,7 +8,7 @@ Each benchmark also checks its result against the other implementation (within 1
 The normx benchmarks also time Captum's run before each of their rounds (interleaved, bench/timing.py) and record
 the median ratio normx / Captum as ``extra_info["ratio_to_captum"]``.
 
-- ``test_same_forward_*``: :class:`normx.gradients.HeadForward` given to both; normx's ``gradients`` /
+- ``test_same_forward_*``: :class:`normx.methods.gradients.HeadForward` given to both; normx's ``gradients`` /
   ``integrated_gradients`` against Captum's ``InputXGradient`` / ``IntegratedGradients`` (with its convergence
   delta, which normx always computes); and Gradient×Input of both labels at once (normx: one forward pass and a
   backward pass per label; Captum: one attribution per label).
@@ -29,8 +29,8 @@ from captum.attr import InputXGradient, IntegratedGradients
 from timing import timed_rounds
 
 import normx
-from normx.adapters import get_adapter
-from normx.gradients import HeadForward, gradients, integrated_gradients
+from normx.methods.gradients import HeadForward, gradients, integrated_gradients
+from normx.models import get_adapter
 
 WORDS = ("the film was a gripping and beautifully acted story about a quiet team that nobody expected to win the "
          "final match while the weather was cold windy and grey and the music art and science all needed patience "

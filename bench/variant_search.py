@@ -6,7 +6,7 @@ faithfulness engine (AOPC comprehensiveness and sufficiency, the protocol of doc
 
 - SST-2: the first 300 sentences of SST-2 train with at least 10 words (train is mostly short phrases; dev, which
   is reported, has 19.5 words on average);
-- MNLI, QNLI: the first 200 pairs of the training 70 % of their validation splits (``normx.data``);
+- MNLI, QNLI: the first 200 pairs of the training 70 % of their validation splits (``normx.data.glue``);
 - STS-B: the first 500 pairs of STS-B train (regression: only the variants that apply to it).
 
 The rule, fixed before running: a setting's *selection score* on a task is comprehensiveness AOPC minus
@@ -39,7 +39,7 @@ REGRESSION = [("normxlogit", {}), ("normx_selfnorm", {})] + [("normx_window", {"
 
 
 def selection_examples(task: str, data: str | None):
-    from normx import data as glue
+    from normx.data import glue
 
     examples = glue.load(task, "train", data)
     if task == "sst2":
@@ -49,7 +49,7 @@ def selection_examples(task: str, data: str | None):
 
 def run(out: Path, data: str | None, tasks: list[str]) -> list[dict]:
     import normx
-    from normx.evaluation.faithfulness import evaluate
+    from normx.evaluation.faithfulness.run import evaluate
 
     rows = []
     for task in tasks:

@@ -3,7 +3,7 @@
 Two levels are timed, each against the plain forward pass measured the same way:
 
 - **on an encoded batch** (what the paper times): :func:`normx.explain.attribute_batch` on the batch that
-  ``explain`` would build (``normx.inputs.encode`` + ``collate``), against ``model(**inputs)`` on the same tensors;
+  ``explain`` would build (``normx.core.inputs.encode`` + ``collate``), against ``model(**inputs)`` on the same tensors;
 - **end to end**: ``normx.explain(...)`` on the texts (tokenising, the attribution, the result objects), against
   tokenising with the tokenizer's batch call, ``model(**inputs)`` and a softmax.
 
@@ -21,8 +21,8 @@ import torch
 import transformers
 
 import normx
-from normx.inputs import collate, encode, pad_token_id
-from normx.pipeline import Plan, attribute_batch, prepare
+from normx.core.inputs import collate, encode, pad_token_id
+from normx.explanations.pipeline import Plan, attribute_batch, prepare
 
 LENGTHS = (40, 120, 360, 512)
 
@@ -134,7 +134,7 @@ def applies(model: str, method: str) -> bool:
     spec, chosen = MODELS[model], normx.methods.get_method(METHODS[method][0])
     if spec.regression and not chosen.explains_regression:
         return False
-    return chosen.unsupported(normx.adapters.registered_adapters()[spec.model_class]) is None
+    return chosen.unsupported(normx.models.registered_adapters()[spec.model_class]) is None
 
 
 # ---- inputs of exactly L tokens ----------------------------------------------------------------------------------
@@ -173,8 +173,8 @@ def texts_of_length(tokenizer, length: int, count: int, pair: bool = False
 
 def encoded_batch(model, tokenizer, texts: list[str], pairs: list[str] | None) -> dict[str, torch.Tensor]:
     """The batch ``normx.explain`` builds for these texts, on the model's device."""
-    base = normx.adapters.unwrap_model(model)
-    adapter = normx.adapters.get_adapter(model)
+    base = normx.models.unwrap_model(model)
+    adapter = normx.models.get_adapter(model)
     items = encode(tokenizer, texts, pairs, max_length=10**6, truncation="error")
     return collate(items, pad_token_id(tokenizer), adapter.padding_side(tokenizer), next(base.parameters()).device,
                    position_ids=adapter.decoder)

@@ -1,6 +1,5 @@
-"""normx Gradio demo: per-label, per-layer NormXLogit explanations as highlighted text. ``python demo/app.py`` or
-``normx demo``; the Spaces ``app_file``. Layout and a thin shell: models, budget and cache are :mod:`normx.serving`,
-a request and its state :mod:`normx.session`, what the page shows :mod:`normx.views` (tested without a browser).
+"""normx Gradio demo: per-label, per-layer NormXLogit explanations as highlighted text (``python demo/app.py``,
+``normx demo``; the Spaces ``app_file``). Layout and a thin shell over :mod:`normx.serving` (tested without a browser).
 """
 
 from __future__ import annotations
@@ -21,11 +20,12 @@ except ImportError:  # a source checkout run as `python demo/app.py` without `pi
 
 import gradio as gr
 
-from normx import serving, session, views
-from normx.budget import WorkGate
+from normx.serving import server as serving
+from normx.serving import session, views
+from normx.serving.budget import WorkGate
 
 DEFAULT_MODEL = "minilm-sst2"
-CONCURRENCY = 32  # requests served at once; expensive ones (normx.budget.WorkGate) one at a time among them
+CONCURRENCY = 32  # requests served at once; expensive ones (normx.serving.budget.WorkGate) one at a time among them
 CSS = "#normx-prediction {font-size: 1.1em}\n.normx-view .textfield {font-size: 1.05em; line-height: 1.9}\n"
 HIDDEN = {"value": None, "visible": False}
 
@@ -113,7 +113,7 @@ class Demo:
         return [state, *self.render(state, layer, unit, show_special, step, label_a, label_b, compare_methods)]
 
     def render(self, state, layer, unit, show_special, step, label_a, label_b, compare_methods) -> list:
-        """Every view from the state (:func:`normx.views.page_view`); never computes an explanation."""
+        """Every view from the state (:func:`normx.serving.views.page_view`); never computes an explanation."""
         view = views.page_view(state, self._tokenizer(state), layer, unit, show_special, step, label_a, label_b,
                                compare_methods or [])
         labels = [gr.update(value=value, label=title, visible=True) for title, value in view.labels]
@@ -246,9 +246,9 @@ class Demo:
 def build_demo(locked: bool | None = None, models: Sequence[str] | None = None, default_model: str | None = None,
                cache: serving.ModelCache | None = None, methods: Sequence[str] | None = None,
                budget: float | None = None) -> gr.Blocks:
-    """The demo page, queued. ``locked`` (default: :func:`normx.serving.is_locked`): only ``models`` load (default:
-    :func:`normx.serving.allowed_models`); ``cache``: a :class:`normx.serving.ModelCache` to share; ``methods``: the
-    method picker's choices (default: all); ``budget``: GFLOP per request (:func:`normx.serving.budget_gflop`)."""
+    """The demo page, queued. ``locked`` (default: ``serving.is_locked()``): only ``models`` load (default:
+    ``serving.allowed_models()``); ``cache``: a ``serving.ModelCache`` to share; ``methods``: the method picker's
+    choices (default: all); ``budget``: GFLOP per request (``serving.budget_gflop()``)."""
     locked = serving.is_locked(locked)
     allowed = serving.allowed_models(models)
     if cache is None:
@@ -275,7 +275,7 @@ def launch(host: str | None = None, port: int | None = None, locked: bool | None
            models: Sequence[str] | None = None, default_model: str | None = None, budget: float | None = None,
            **overrides):
     """Build and serve the demo (blocks until stopped). Host / port default to $GRADIO_SERVER_NAME / _PORT;
-    ``locked`` to :func:`normx.serving.resolve_locked` (unlocked on loopback only)."""
+    ``locked`` to :func:`normx.serving.server.resolve_locked` (unlocked on loopback only)."""
     serving.server_logging()
     host = host or os.environ.get("GRADIO_SERVER_NAME") or "127.0.0.1"
     locked = serving.resolve_locked(locked, host)
@@ -287,7 +287,7 @@ def launch(host: str | None = None, port: int | None = None, locked: bool | None
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python demo/app.py [options]`` / ``normx demo [options]`` (:func:`normx.serving.demo_arguments`)."""
+    """``python demo/app.py [options]`` / ``normx demo [options]`` (:func:`normx.serving.server.demo_arguments`)."""
     args = serving.demo_arguments(argv, DEFAULT_MODEL)
     launch(args.host, args.port, locked=args.locked, models=args.models, default_model=args.model,
            budget=args.budget_gflop)

@@ -1,19 +1,25 @@
 """normx: NormXLogit token attributions for Hugging Face transformers.
 
-``explain`` is thread-safe: one loaded model can serve many threads at once (see :mod:`normx.sharing`).
+``explain`` is thread-safe: one loaded model can serve many threads at once (see :mod:`normx.core.concurrency`).
 
 >>> model, tokenizer = normx.load_model("path/or/hub-id")
 >>> explanation = normx.explain(model, tokenizer, "a gripping, beautifully acted film")
 
-``import normx`` is instant: the names below (and the submodules) load on first use, so that commands such as
+``import normx`` is instant: the names below (and the subpackages) load on first use, so that commands such as
 ``normx --help`` or ``normx models`` never import torch.
+
+The package's layers, each a folder whose docstring says what it owns and may import (``tests/test_structure.py``
+holds the allowed edges): ``models`` (what normx knows of models) < ``core`` (hooks, concurrency, inputs, labels,
+the forward pass) < ``methods`` (the registry and every method) < ``explanations`` (``explain`` and its result);
+``data`` (data sets) and ``zoo`` (offline presets, training) beside them; ``bulk``, ``evaluation`` and ``serving``
+above; ``cli`` on top.
 """
 
 from __future__ import annotations
 
 import importlib
 
-from .errors import (
+from normx.errors import (
     EmptyTextError,
     HookNotFiredError,
     InputTooLongError,
@@ -33,21 +39,24 @@ __version__ = "0.1.0"
 
 # public name -> the module that defines it (imported on first access)
 _LAZY = {
-    "Adapter": "adapters", "get_adapter": "adapters", "register_adapter": "adapters", "supported_models": "adapters",
-    "capture": "hooks", "Method": "methods", "Option": "methods", "describe_methods": "methods",
-    "list_methods": "methods", "register_method": "methods", "explain": "pipeline", "list_presets": "presets",
-    "Explanation": "result",
+    "Adapter": "models", "get_adapter": "models", "register_adapter": "models", "supported_models": "models",
+    "capture": "core.hooks", "Method": "methods", "Option": "methods", "describe_methods": "methods",
+    "list_methods": "methods", "register_method": "methods", "explain": "explanations.pipeline",
+    "list_presets": "zoo.presets", "Explanation": "explanations.result",
 }
+# the public submodules that live in a layer's folder
+_MODULES = {"decompx": "methods.decompx", "mixing": "methods.mixing"}
 
 
 def __getattr__(name: str):
     if name in _LAZY:
         value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
     else:
-        try:  # a submodule: normx.methods, normx.mixing, ...
-            value = importlib.import_module(f".{name}", __name__)
+        module = _MODULES.get(name, name)
+        try:  # a subpackage: normx.methods, normx.mixing, ...
+            value = importlib.import_module(f".{module}", __name__)
         except ModuleNotFoundError as exc:
-            if exc.name != f"{__name__}.{name}":
+            if exc.name != f"{__name__}.{module}":
                 raise
             raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
     globals()[name] = value
@@ -60,15 +69,15 @@ def __dir__() -> list[str]:
 
 def attribute_dataset(model, tokenizer, source, out, **kwargs):
     """Explain every row of a corpus into Parquet shards (streamed, resumable, torchrun-aware); see
-    :func:`normx.bulk.attribute_dataset`."""
-    from .bulk import attribute_dataset as _attribute
+    :func:`normx.bulk.attribute.attribute_dataset`."""
+    from normx.bulk.attribute import attribute_dataset as _attribute
 
     return _attribute(model, tokenizer, source, out, **kwargs)
 
 
 def load_model(name_or_path: str = "minilm-sst2", **kwargs):
     """Load ``(model, tokenizer)`` from a local folder, a hub id (online) or a PEFT adapter folder."""
-    from .loading import load_model as _load
+    from normx.zoo.loading import load_model as _load
 
     return _load(name_or_path, **kwargs)
 

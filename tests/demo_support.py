@@ -28,7 +28,7 @@ def load_app():
 
 def preset_ready(name: str = "minilm-sst2") -> bool:
     """Whether an offline preset's trained adapter is in the package (training writes ``metrics.json`` last)."""
-    from normx.presets import PRESETS
+    from normx.zoo.presets import PRESETS
 
     return PRESETS[name].metrics() is not None
 

@@ -1,7 +1,7 @@
 """Bad input gets a clear error, never a traceback and never a silent guess: the API, the CLI and the demo.
 
 Each row: what a user gives, the exact error class, and the message (a regular expression over the start of what
-it says). CLI rows run ``normx.cli.main`` and check exit code 2 with ``normx: error: <message>`` on stderr.
+it says). CLI rows run ``normx.cli.main.main`` and check exit code 2 with ``normx: error: <message>`` on stderr.
 """
 
 from __future__ import annotations
@@ -18,9 +18,11 @@ import tiny
 from demo_support import load_app
 
 import normx
-from normx import errors, serving, session
-from normx.budget import WorkGate, estimate_gflop
-from normx.cli import main
+from normx import errors
+from normx.cli.main import main
+from normx.serving import server as serving
+from normx.serving import session
+from normx.serving.budget import WorkGate, estimate_gflop
 
 app = load_app()
 ZERO_WIDTH = "\u200b\u200c\ufeff"
@@ -62,7 +64,7 @@ API_CASES = [
      errors.InvalidInputError, r"max_length=65 is not allowed: this model takes inputs of 1\.\.64 tokens"),
     ("max_length not an integer", lambda m, t: normx.explain(m, t, "fine", max_length=2.5),
      errors.InvalidInputError, r"max_length=2\.5 is not allowed"),
-    ("contribution maps max_length", lambda m, t: normx.mixing.contribution_maps(m, t, "fine", max_length=0),
+    ("contribution maps max_length", lambda m, t: normx.methods.mixing.contribution_maps(m, t, "fine", max_length=0),
      errors.InvalidInputError, r"max_length=0 is not allowed"),
     ("trust_remote_code", lambda m, t: normx.load_model("minilm-sst2", trust_remote_code=True),
      errors.ModelLoadError, r"trust_remote_code=True is not allowed: normx explains transformers' built-in"),

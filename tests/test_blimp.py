@@ -13,10 +13,10 @@ import pytest
 import tiny
 
 import normx
+from normx.data import blimp as ev
 from normx.errors import InvalidInputError, UnknownMethodError
 from normx.evaluation import blimp
-from normx.evaluation import evidence as ev
-from normx.evaluation.alignment import average_precision, dot_product
+from normx.evaluation.blimp.alignment import average_precision, dot_product
 
 SHARED = Path(os.environ.get("NORMX_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 needs_data = pytest.mark.skipif(not (SHARED / "blimp").is_dir(), reason="the shared BLiMP data folder is not here")
@@ -308,7 +308,7 @@ def test_methods_that_do_not_fit_the_model_are_not_applicable(data, monkeypatch)
     def never(ctx):
         raise AssertionError("never run: the method says what it supports")
 
-    monkeypatch.setitem(methods._METHODS, "nothing", methods.Method(
+    monkeypatch.setitem(methods.registry._METHODS, "nothing", methods.Method(
         "nothing", never, "test", supports=lambda adapter: "this test method supports no model"))
     model, tokenizer = tiny.build("GPT2LMHeadModel")
     result = blimp.evaluate_blimp(model, tokenizer, ["ana"], ["nothing", "random"], data=data, progress=False)
@@ -354,7 +354,7 @@ def test_evaluate_on_the_held_out_split(data):
 
 
 def test_cli_writes_every_output(data, tmp_path):
-    from normx.cli import main
+    from normx.cli.main import main
 
     model, tokenizer = tiny.build("RobertaForMaskedLM", fresh=True)
     folder = tmp_path / "model"
@@ -399,7 +399,7 @@ def test_smollm2_causal_setting_on_a_few_pairs(tmp_path):
 
 
 def test_dot_product_normalises_shares_by_their_sum_as_the_authors_do():
-    from normx.evaluation.alignment import dot_product
+    from normx.evaluation.blimp.alignment import dot_product
 
     shares = [0.5, 0.3, 0.2, 0.0]  # a mixing-map row: already a distribution
     assert dot_product(shares, [1], normalise="sum") == pytest.approx(0.3)
@@ -420,7 +420,7 @@ def test_blimp_dp_uses_each_methods_normalisation(data):
 
 
 def test_paradigms_by_short_name_or_blimp_uid():
-    from normx.evaluation import evidence as ev
+    from normx.data import blimp as ev
 
     assert ev.get_paradigm("dna") is ev.get_paradigm("determiner_noun_agreement_1")
     assert ev.get_paradigm("determiner_noun_agreement_with_adjective_1.jsonl").key == "dnaa"
@@ -432,7 +432,7 @@ def test_paradigms_by_short_name_or_blimp_uid():
 
 
 def test_the_2_files_take_the_noun_after_the_determiner_as_evidence():
-    from normx.evaluation import evidence as ev
+    from normx.data import blimp as ev
 
     rows = [{"sentence_good": "Tracy passed these art galleries.", "sentence_bad": "Tracy passed this art galleries.",
              "pairID": "1"},
@@ -475,7 +475,7 @@ def _pieces_explanation(tokenizer, text):
 def test_evidence_settings_pick_first_piece_word_or_phrase_tokens():
     from transformers import AutoTokenizer
 
-    from normx.presets import minilm_dir
+    from normx.zoo.presets import minilm_dir
 
     tokenizer = AutoTokenizer.from_pretrained(minilm_dir())
     row = {"sentence_good": "Many granddaughters hurt themselves.",

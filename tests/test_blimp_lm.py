@@ -1,5 +1,5 @@
-"""Fine-tuning a masked LM on BLiMP pairs (normx.blimp_lm, the minilm-blimp preset's recipe): the logits read at
-the mask, the paper's two-way loss, accuracy, and training → saving → reloading on a tiny model."""
+"""Fine-tuning a masked LM on BLiMP pairs (normx.zoo.blimp_training, the minilm-blimp preset's recipe): the logits read
+at the mask, the paper's two-way loss, accuracy, and training → saving → reloading on a tiny model."""
 
 import json
 
@@ -8,9 +8,9 @@ import tiny
 import torch
 from test_blimp import _write_data
 
-from normx import blimp_lm
 from normx.evaluation import blimp
-from normx.training import Recipe, evaluate, train
+from normx.zoo import blimp_training as blimp_lm
+from normx.zoo.training import Recipe, evaluate, train
 
 
 @pytest.fixture(scope="module")

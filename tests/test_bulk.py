@@ -17,7 +17,7 @@ import pytest
 import tiny
 
 import normx
-from normx import bulk
+from normx.bulk import attribute as bulk
 from normx.errors import InvalidInputError
 
 pq = pytest.importorskip("pyarrow.parquet", reason="normx attribute writes Parquet: pip install 'normx[attribute]'")
@@ -141,11 +141,11 @@ def test_torchrun_two_processes_write_what_one_writes(tmp_path):
     data = write_tsv(tmp_path / "data.tsv", corpus(30, seed=4))
     args = ["attribute", "--model", str(folder), "--data", str(data), "--shard-size", "4", "--no-progress"]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    one = subprocess.run([sys.executable, "-m", "normx.cli", *args, "--out", str(tmp_path / "one")], env=env,
+    one = subprocess.run([sys.executable, "-m", "normx.cli.main", *args, "--out", str(tmp_path / "one")], env=env,
                          capture_output=True, text=True, timeout=300)
     assert one.returncode == 0, one.stderr[-2000:]
     two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                          "-m", "normx.cli", *args, "--out", str(tmp_path / "two")], env=env, capture_output=True,
+                          "-m", "normx.cli.main", *args, "--out", str(tmp_path / "two")], env=env, capture_output=True,
                          text=True, timeout=300)
     assert two.returncode == 0, two.stderr[-3000:]
     assert "rank 0 of 2" in two.stderr
@@ -177,7 +177,7 @@ def test_a_model_offloaded_by_device_map_gives_the_same_scores(tmp_path):
 
 
 def test_default_columns_of_the_glue_files(tmp_path):
-    from normx.corpus import iter_rows
+    from normx.data.rows import iter_rows
 
     qnli = tmp_path / "qnli.tsv"
     qnli.write_text("index\tquestion\tsentence\tlabel\n0\tWho?\tHe did.\tentailment\n")
@@ -202,9 +202,9 @@ def test_minilm_sst2_on_sst2_dev_one_and_two_processes_killed_and_offloaded(tmp_
         pytest.skip("the shared data folder is not here")
     args = ["attribute", "--model", "minilm-sst2", "--data", str(data), "--shard-size", "200", "--no-progress"]
     env = dict(os.environ, PYTHONWARNINGS="ignore")
-    for name, prefix in (("one", [sys.executable, "-m", "normx.cli"]),
+    for name, prefix in (("one", [sys.executable, "-m", "normx.cli.main"]),
                          ("two", [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-                                  "2", "-m", "normx.cli"])):
+                                  "2", "-m", "normx.cli.main"])):
         done = subprocess.run([*prefix, *args, "--out", str(tmp_path / name)], env=env, capture_output=True,
                               text=True, timeout=1200)
         assert done.returncode == 0, done.stderr[-3000:]
@@ -240,7 +240,7 @@ def test_hub_dataset_ids_stream_through_datasets(monkeypatch):
     ``datasets`` module checks what normx asks of it."""
     import types
 
-    from normx.corpus import iter_rows
+    from normx.data.rows import iter_rows
 
     calls = []
 

@@ -9,11 +9,11 @@ import transformers
 from leaks import assert_no_hooks
 
 import normx
-import normx.adapters
-from normx.adapters import Adapter
+import normx.models
+from normx.core.concurrency import attention_weights, model_lock, using
+from normx.core.hooks import capture, record_calls, replace_outputs
 from normx.errors import HookNotFiredError, UnknownTargetError
-from normx.hooks import capture, record_calls, replace_outputs
-from normx.sharing import attention_weights, model_lock, using
+from normx.models import Adapter
 
 # fresh models: the transformers `output_hidden_states` machinery installs its own (permanent) hooks on models that
 # used it, so these tests never share models with the reference tests
@@ -263,7 +263,7 @@ def test_explain_with_a_hook_that_never_fires(monkeypatch):
     adapter = Adapter("bert", "sequence_classification", embeddings="bert.embeddings",
                       blocks=lambda m: [m.bert.encoder.layer[0], m.classifier],  # the classifier is no block
                       head=normx.get_adapter(model).head, pooling="first")
-    monkeypatch.setattr(normx.adapters, "_REGISTRY", dict(normx.adapters._REGISTRY))
+    monkeypatch.setattr(normx.models.registry, "_REGISTRY", dict(normx.models.registry._REGISTRY))
     normx.register_adapter("MisdescribedBert", adapter)
     with pytest.raises(HookNotFiredError, match=r"h2 \(Linear\)"):
         normx.explain(broken, tokenizer, "the film was a gripping story")

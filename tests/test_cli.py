@@ -5,7 +5,7 @@ import pytest
 import tiny
 
 import normx
-from normx.cli import main
+from normx.cli.main import main
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +104,7 @@ def test_decompx_options_reach_the_method(folder, capsys):
 def test_evaluate_name_lists_take_spaces_commas_or_both():
     import argparse
 
-    from normx.evaluation.commands import add_names_argument, names
+    from normx.cli.options import add_names_argument, names
 
     parser = argparse.ArgumentParser()
     add_names_argument(parser, "--methods", "methods")
@@ -122,7 +122,7 @@ def test_words_flag_before_the_text(folder, capsys):
 
 
 def test_table_says_what_it_shows():
-    from normx.rendering import render_table
+    from normx.cli.render import render_table
 
     model, tokenizer = tiny.build("BertForSequenceClassification")
     every = normx.explain(model, tokenizer, "the film was good", target="all", layer="all")  # 3 labels x 3 layers
@@ -149,7 +149,7 @@ def test_light_commands_never_import_torch():
     import subprocess
     import sys
 
-    code = ("import sys\nfrom normx.cli import main\nfor argv in ({}):\n    try:\n        main(argv)\n"
+    code = ("import sys\nfrom normx.cli.main import main\nfor argv in ({}):\n    try:\n        main(argv)\n"
             "    except SystemExit:\n        pass\nprint('torch' in sys.modules, 'transformers' in sys.modules)")
     for argv in (["--help"], ["models"], ["methods"], ["supported"], ["nope"], ["explain"], ["explain", "--help"]):
         done = subprocess.run([sys.executable, "-c", code.format(repr(argv) + ",")], capture_output=True, text=True,
@@ -158,7 +158,7 @@ def test_light_commands_never_import_torch():
 
 
 def test_unknown_label_is_reported_before_the_model_loads(folder, capsys, monkeypatch):
-    from normx import loading
+    from normx.zoo import loading
 
     monkeypatch.setattr(loading, "load_model", lambda *a, **k: pytest.fail("the model must not load"))
     assert main(["explain", "--model", "minilm-sst2", "--target", "positve", "a film"]) == 2

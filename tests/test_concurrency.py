@@ -19,8 +19,8 @@ import torch
 from leaks import model_state
 
 import normx
-from normx.hooks import capture
-from normx.sharing import ModelLock, model_lock
+from normx.core.concurrency import ModelLock, model_lock
+from normx.core.hooks import capture
 
 LONG = " ".join(["the film was a gripping story and"] * 12)  # over the tiny models' 64 positions: truncated
 TEXTS = ["paris is large", "the film was a gripping story", "a dull movie, with a predictable plot", LONG]

@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from normx import data
+from normx.data import glue as data
 from normx.errors import InvalidInputError
 
 SHARED = Path(os.environ.get("NORMX_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))

@@ -31,9 +31,10 @@ from test_families import base_of, live, peft_model
 from tiny import PAIRS, TEXTS, build, texts_for
 
 import normx
-from normx import decompx, decompx_rules
-from normx.decompx import affine, decompose, layer_norm, share_bias, zo_slope
 from normx.errors import InvalidInputError, UnsupportedModelError
+from normx.methods import decompx
+from normx.methods.decompx import affine, decompose, layer_norm, share_bias, zo_slope
+from normx.methods.decompx import rules as decompx_rules
 
 CLASSIFIERS = ["BertForSequenceClassification", "RobertaForSequenceClassification",
                "XLMRobertaForSequenceClassification", "ElectraForSequenceClassification"]
@@ -70,7 +71,7 @@ def model_outputs(model, enc, pooled=None):
 def all_layers(model, enc):
     """Every layer's decomposition [S, T, H] of every text (over its real tokens), cloned."""
     rec = decompx.record(model, enc)
-    _, adapter, _, blocks = decompx._check_model(model)
+    _, adapter, _, blocks = decompx.model._check_model(model)
     weights = [decompx.BlockWeights.of(block, adapter.encoder_block) for block in blocks]
     return [[state.clone() for state in decompx.propagate(weights, rec, row)] for row in range(len(rec.mask))]
 
@@ -495,7 +496,7 @@ MEMORY_SCRIPT = textwrap.dedent("""
     import json, resource, sys, time
     sys.path.insert(0, "tests")
     import torch, minilm
-    from normx import decompx
+    from normx.methods import decompx
     torch.manual_seed(0)
     model, tokenizer = minilm.fresh_classifier()
     ids = torch.randint(1000, 20000, (1, 512))

@@ -20,7 +20,8 @@ import tiny  # noqa: E402
 from demo_support import load_app, preset_ready, serve  # noqa: E402
 
 import normx  # noqa: E402
-from normx import serving, session, views  # noqa: E402
+from normx.serving import server as serving  # noqa: E402
+from normx.serving import session, views  # noqa: E402
 
 app = load_app()
 TEXT = "a gripping, beautifully acted film"
@@ -46,7 +47,7 @@ def cache(folder):
 
 @pytest.fixture
 def calls(monkeypatch):
-    """Counts ``normx.explain`` calls (the demo calls it through ``normx.session``)."""
+    """Counts ``normx.explain`` calls (the demo calls it through ``normx.serving.session``)."""
     count = {"n": 0}
     real = normx.explain
 
@@ -185,7 +186,8 @@ def test_explain_then_slider_and_toggles_rerender_without_explaining(cache, fold
 
 
 def test_methods_come_from_the_registry_at_runtime(cache, folder, monkeypatch, calls):
-    from normx.methods import _METHODS, Method
+    from normx.methods import Method
+    from normx.methods.registry import _METHODS
 
     extra = Method("demo_test_method", lambda ctx: ctx.expand(ctx.run.hidden_norms()), "a test-only method",
                    label_dependent=False)

@@ -15,13 +15,13 @@ import tiny
 import torch
 
 import normx
-from normx.cli import main
-from normx.data import Example
+from normx.cli.main import main
+from normx.core.inputs import encode
+from normx.core.labels import LabelSpace
+from normx.data.glue import Example
 from normx.errors import InvalidInputError, NormxError, UnsupportedModelError
 from normx.evaluation import faithfulness as faith
-from normx.evaluation.perturbation import K_VALUES, Item, Perturber, perturb, perturb_count, ranking
-from normx.inputs import encode
-from normx.targets import LabelSpace
+from normx.evaluation.faithfulness.perturbation import K_VALUES, Item, Perturber, perturb, perturb_count, ranking
 
 CLS, SEP, MASK, PAD = 101, 102, 103, 0
 EVIDENCE = 7  # the one token id the evidence model reads
@@ -275,13 +275,13 @@ def test_perturbed_ids_align_with_the_explained_tokens():
     pairs = [*tiny.PAIRS, "short"]
     encoded = encode(tokenizer, texts, pairs, 16, "warn")  # the long one is truncated, as explain truncates it
     explanations = normx.explain(model, tokenizer, texts, text_pair=pairs, max_length=16)
-    items = faith._aligned_items(encoded, explanations, None, "normxlogit")
+    items = faith.run._aligned_items(encoded, explanations, None, "normxlogit")
     for item, exp in zip(items, explanations):
         assert tokenizer.convert_ids_to_tokens(list(item.ids)) == exp.tokens
         assert len(item.ids) == exp.scores.shape[-1] and item.pooled == 0
     shifted = [normx.explain(model, tokenizer, texts[1], text_pair=pairs[1])] * len(texts)
     with pytest.raises(NormxError, match="align"):
-        faith._aligned_items(encoded, shifted, None, "normxlogit")
+        faith.run._aligned_items(encoded, shifted, None, "normxlogit")
 
 
 def test_evaluate_every_method_on_a_tiny_classifier():
@@ -314,7 +314,7 @@ def test_methods_that_cannot_explain_the_model_fail_fast_or_are_skipped(monkeypa
     def llama_only(adapter):
         return None if adapter.family == "llama" else "only for Llama"
 
-    monkeypatch.setitem(methods._METHODS, "llama_only", methods.Method("llama_only", refuse, "test",
+    monkeypatch.setitem(methods.registry._METHODS, "llama_only", methods.Method("llama_only", refuse, "test",
                                                                        supports=llama_only))
     model, tokenizer = tiny.build("BertForSequenceClassification")
     calls = []
@@ -323,7 +323,7 @@ def test_methods_that_cannot_explain_the_model_fail_fast_or_are_skipped(monkeypa
         faith.evaluate(model, tokenizer, tiny.TEXTS, ["random", "llama_only"], progress=False)
     assert calls == []  # refused before any other method's work
     monkeypatch.undo()
-    monkeypatch.setitem(methods._METHODS, "llama_only", methods.Method("llama_only", refuse, "test",
+    monkeypatch.setitem(methods.registry._METHODS, "llama_only", methods.Method("llama_only", refuse, "test",
                                                                        supports=llama_only))
     report = faith.evaluate(model, tokenizer, tiny.TEXTS, ["random", "llama_only"], progress=False,
                             skip_unsupported=True)
@@ -488,7 +488,7 @@ def test_without_matplotlib_the_figures_are_skipped_with_a_warning(tmp_path, mon
 
 
 def test_partial_aopc_is_the_mean_over_k_10_to_40():
-    from normx.evaluation.metrics import PARTIAL
+    from normx.evaluation.faithfulness.metrics import PARTIAL
 
     curve = [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0]  # K = 0, 10, ..., 100 %
     assert faith.aopc(curve) == pytest.approx(5.0)  # K = 10 ... 90 %
@@ -516,7 +516,7 @@ def test_random_per_type_gives_every_occurrence_the_same_score():
 
 def test_regression_ranking_closest_negates_only_the_distance_methods(monkeypatch):
     model, tokenizer = tiny.build("BertForSequenceClassification", num_labels=1)
-    examples = [normx.data.Example(t, p, 2.5 + i) for i, (t, p) in enumerate(zip(tiny.TEXTS, tiny.PAIRS))]
+    examples = [normx.data.glue.Example(t, p, 2.5 + i) for i, (t, p) in enumerate(zip(tiny.TEXTS, tiny.PAIRS))]
     seen = {}
     real = Perturber.perturbed_logits
 

@@ -20,10 +20,10 @@ import transformers
 from tiny import CASES, ID2LABEL, LAYERS, PAIRS, TEXTS, Case, build, texts_for
 
 import normx
-from normx.adapters import get_adapter, unwrap_model
-from normx.adapters.families import builtin_adapters
+from normx.core.forward import Pass
 from normx.errors import PairNotSupportedError, UnknownTargetError
-from normx.forward import Pass
+from normx.models import get_adapter, unwrap_model
+from normx.models.families import builtin_adapters
 
 ATOL = 1e-5
 RTOL = 1e-5  # scores reach ~30; float32 batching noise is ~1e-6 relative

@@ -22,10 +22,10 @@ from test_families import PEFT_CASES, REGRESSION, base_of, peft_model
 from tiny import CASES, PAIRS, TEXTS, build, texts_for
 
 import normx
-from normx.adapters import get_adapter
-from normx.cli import main
+from normx.cli.main import main
 from normx.errors import InvalidInputError
-from normx.gradients import RULES, HeadForward, integrated_gradients, rule_parameters, select
+from normx.methods.gradients import RULES, HeadForward, integrated_gradients, rule_parameters, select
+from normx.models import get_adapter
 
 pytestmark = pytest.mark.filterwarnings("ignore:Input Tensor 0 did not already require gradients:UserWarning")
 ATOL = 1e-4  # parity with Captum

@@ -78,8 +78,8 @@ def test_smollm2_preset_predicts_paris():
 def test_an_unknown_name_fails_at_once_offline_and_lists_the_presets(monkeypatch, capsys):
     import time
 
-    from normx import loading
-    from normx.cli import main
+    from normx.cli.main import main
+    from normx.models import loading
 
     monkeypatch.setattr(loading, "_hub_reachable", lambda timeout=3.0: False)  # no traffic leaves this machine
     start = time.perf_counter()
@@ -92,7 +92,7 @@ def test_an_unknown_name_fails_at_once_offline_and_lists_the_presets(monkeypatch
 
 
 def test_hf_hub_offline_means_unreachable(monkeypatch):
-    from normx import loading
+    from normx.models import loading
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr("socket.create_connection", lambda *a, **k: pytest.fail("no connection may be tried"))

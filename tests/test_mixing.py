@@ -1,4 +1,4 @@
-"""GlobEnc, ALTI and Value Zeroing (normx.mixing) against references that never call normx.mixing.
+"""GlobEnc, ALTI and Value Zeroing (normx.methods.mixing) against references that never call normx.methods.mixing.
 
 - GlobEnc / ALTI: a forward pass written out here in plain tensor algebra from the model's weights (checked against
   the model's own output), with the papers' formulas applied to it head by head.
@@ -22,7 +22,7 @@ from leaks import assert_no_hooks
 
 import normx
 from normx.errors import InvalidInputError, UnsupportedModelError
-from normx.mixing import MIXING_METHODS, batch_maps, contribution_maps, ln1_decomposition, record_blocks
+from normx.methods.mixing import MIXING_METHODS, batch_maps, contribution_maps, ln1_decomposition, record_blocks
 
 ATOL = 1e-5
 CONSERVATION_ATOL = 1e-4
@@ -177,7 +177,7 @@ def test_methods_differ():
 # ---- conservation ----------------------------------------------------------------------------------------------------
 
 def check_conservation(model, tokenizer, texts, atol=CONSERVATION_ATOL):
-    base = normx.adapters.unwrap_model(model)
+    base = normx.models.unwrap_model(model)
     enc = tokenizer(texts, padding=True, return_tensors="pt")
     layers = list(range(1, base.config.num_hidden_layers + 1))
     with torch.no_grad():

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import normx
-from normx import presets
-from normx.cli import main
+from normx.cli.main import main
 from normx.errors import ModelLoadError
+from normx.zoo import presets
 
 TRAINED = [name for name, p in presets.PRESETS.items() if p.recipe is not None and p.metrics() is not None]
 MINILM = [name for name in TRAINED if presets.PRESETS[name].base == "minilm"]
@@ -85,7 +85,7 @@ def test_reported_metric_is_reproduced(name):
     """Re-evaluates the shipped adapter on the dev data; the figure must match the one in metrics.json."""
     from test_data import SHARED
 
-    from normx.training import evaluate
+    from normx.zoo.training import evaluate
 
     preset = presets.PRESETS[name]
     model, tokenizer = normx.load_model(name)

@@ -99,7 +99,7 @@ def test_what_the_variants_refuse(classifier):
 
 
 def test_experimental_methods_are_usable_by_name_but_not_offered(capsys):
-    from normx.cli import main
+    from normx.cli.main import main
 
     assert not set(VARIANTS) & set(normx.list_methods())
     assert set(VARIANTS) <= set(normx.list_methods(experimental=True))
@@ -124,7 +124,7 @@ def test_choosing_settings_reads_the_training_split(tmp_path):
     import os
     from pathlib import Path
 
-    from normx.evaluation.examples import load_examples
+    from normx.evaluation.faithfulness.examples import load_examples
 
     file = tmp_path / "mine.tsv"
     file.write_text("text\tlabel\nfine\t1\n")

@@ -4,8 +4,8 @@ import pytest
 
 import normx
 from normx.errors import InvalidInputError
-from normx.result import Explanation
-from normx.words import word_spans
+from normx.explanations.result import Explanation
+from normx.explanations.words import word_spans
 
 
 def _synthetic():

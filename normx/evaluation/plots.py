@@ -11,7 +11,7 @@ import io
 import math
 from pathlib import Path
 
-from ..methods import display_name
+from normx.methods import display_name
 
 YLABELS = {
     "confidence_drop": "confidence drop  p(ŷ|x) − p(ŷ|x̃)",
@@ -100,12 +100,11 @@ def _colors(n: int) -> list:
     return [cmap(i % cmap.N) for i in range(n)]
 
 
-def plot_blimp(report, metric: str, file: str | Path) -> Path:
-    """Mean ``metric`` ("dp", "ap" or "dp_softmax") vs layer, one line per curve, one panel per paradigm (+ "all")."""
+def plot_blimp(report, metric: str, file: str | Path, title: str, label) -> Path:
+    """Mean ``metric`` ("dp", "ap" or "dp_softmax"; ``title`` its name) vs layer, one line per curve (``label``:
+    a curve's name in the legend), one panel per paradigm (+ "all")."""
     from matplotlib import colormaps
     from matplotlib.figure import Figure
-
-    from .blimp_report import METRICS, curve_label
 
     groups = report.curves[metric]
     order = [g for g in report.paradigms if g in groups] + (["all"] if "all" in groups else [])
@@ -126,7 +125,7 @@ def plot_blimp(report, metric: str, file: str | Path) -> Path:
             stats = groups[group][name]
             dashed = name in flat
             ax.plot(layers, stats["mean"], color=colours[name], linestyle="--" if dashed else "-",
-                    marker=None if dashed else "o", markersize=3, linewidth=1.4, label=curve_label(name))
+                    marker=None if dashed else "o", markersize=3, linewidth=1.4, label=label(name))
         n = max(s["n"] for s in groups[group].values())
         ax.set_title(f"{group} (n={n})")
         ax.set_xlabel("layer")
@@ -136,7 +135,7 @@ def plot_blimp(report, metric: str, file: str | Path) -> Path:
         ax.axis("off")
     handles, labels = axes.flat[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 6), frameon=False)
-    fig.suptitle(f"BLiMP evidence alignment: {METRICS[metric]} ({report.model}, {report.setting} LM)")
+    fig.suptitle(f"BLiMP evidence alignment: {title} ({report.model}, {report.setting} LM)")
     fig.tight_layout(rect=(0, 0.08, 1, 0.95))
     fig.savefig(file, dpi=120)
     return Path(file)

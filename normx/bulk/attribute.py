@@ -1,0 +1,287 @@
+"""Attributions for a whole corpus: ``normx attribute`` / :func:`attribute_dataset`.
+
+The input is streamed (:mod:`normx.data.rows`) and cut into shards of ``shard_size`` consecutive rows; shard ``k``
+holds rows ``k * shard_size ...``. Each shard is explained in batches bucketed by length under a token budget
+(``max_tokens`` padded tokens per forward pass: padding waste is the main cost on mixed lengths), put back in input
+order and written as one Parquet file, atomically (a temporary name, then a rename). A shard whose file exists is
+done: a run killed midway and started again into the same folder redoes only the unfinished shards, and a finished
+run adds nothing.
+
+Under ``torchrun`` or ``accelerate launch`` (``WORLD_SIZE`` > 1) each process takes the shards ``k`` with
+``k % world_size == rank`` and writes them; the files are the same as one process writes. ``manifest.json``
+records the model, method and settings, row and shard counts and the normx version; a run into a folder made
+with other settings is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from normx.core.concurrency import tokenizer_lock
+from normx.core.inputs import positive_int
+from normx.data.rows import Row, _pyarrow_parquet, iter_rows
+from normx.errors import InvalidInputError
+from normx.explanations.pipeline import explain
+from normx.models import unwrap_model
+
+MANIFEST = "manifest.json"
+# padded tokens per forward pass by default; measured on MiniLM, 2 CPU cores (README "Large datasets"): 1024-2048
+# is fastest there, 8192 no faster than fixed batches of 32
+CPU_TOKENS, ACCELERATOR_TOKENS = 2048, 16384
+
+
+@dataclass
+class AttributionRun:
+    """What one call did: rows read, shards written by this process and skipped as already done, tokens, time."""
+
+    out: Path
+    rows: int = 0
+    shards: int = 0
+    written: list[int] = field(default_factory=list)
+    skipped: list[int] = field(default_factory=list)
+    tokens: int = 0
+    seconds: float = 0.0
+    rank: int = 0
+    world_size: int = 1
+    rows_explained: int = 0
+
+    def summary(self) -> str:
+        rate = f"{self.rows_explained / self.seconds:.1f} texts/s, {self.tokens / self.seconds:.0f} tokens/s" \
+            if self.seconds > 0 and self.written else "nothing to do"
+        return (f"normx attribute: {self.rows} rows in {self.shards} shards; this process (rank {self.rank} of "
+                f"{self.world_size}) wrote {len(self.written)}, found {len(self.skipped)} done; {rate}")
+
+
+def attribute_dataset(model, tokenizer, source, out, *, method: str = "normxlogit", target=None, layer=None,
+                      text_column: str | None = None, pair_column: str | None = None, limit: int | None = None,
+                      shard_size: int = 1000, max_tokens: int | None = None, batch_size: int | None = None,
+                      progress: bool = True, **options) -> AttributionRun:
+    """Explain every row of ``source`` into Parquet shards in ``out`` (see the module docstring).
+
+    ``max_tokens``: padded tokens per forward pass, rows bucketed by length (default: 2048 for a model on CPU,
+    where bigger batches run no faster; 16384 on an accelerator); ``batch_size``: instead, fixed batches of that
+    many rows in input order (no bucketing). ``method``, ``target``, ``layer`` and ``options``
+    as :func:`normx.explain`. Returns an :class:`AttributionRun`; the rows are read back with
+    ``datasets.load_dataset("parquet", data_files=f"{out}/shard-*.parquet")`` or pandas.
+    """
+    positive_int(shard_size, "shard_size")
+    positive_int(max_tokens, "max_tokens", none=True)
+    if max_tokens is None:
+        max_tokens = CPU_TOKENS if next(model.parameters()).device.type == "cpu" else ACCELERATOR_TOKENS
+    positive_int(batch_size, "batch_size", none=True)
+    positive_int(limit, "limit", none=True)
+    parquet = _pyarrow_parquet()
+    folder = Path(out).expanduser()
+    job = _Job(method, target, layer, options, max_tokens, batch_size)
+    settings = {"model": _model_name(model), "method": method, "target": target, "layer": layer,
+                "options": options, "source": str(source), "text_column": text_column, "pair_column": pair_column,
+                "limit": limit, "shard_size": shard_size}
+    created = _join_processes(model)
+    try:
+        rows = _shards(iter_rows(source, text_column, pair_column, limit), shard_size)
+        return _run(model, tokenizer, rows, folder, job, settings, parquet, progress)
+    finally:
+        if created:
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
+
+
+@dataclass(frozen=True)
+class _Job:
+    """What each batch is explained with."""
+
+    method: str
+    target: object
+    layer: object
+    options: dict
+    max_tokens: int
+    batch_size: int | None
+
+
+def _run(model, tokenizer, shards: Iterator[list[Row]], folder: Path, job: _Job, settings: dict, parquet,
+         progress: bool) -> AttributionRun:
+    rank, world = _process()
+    folder.mkdir(parents=True, exist_ok=True)
+    _check_manifest(folder, settings, rank)
+    run = AttributionRun(folder, rank=rank, world_size=world)
+    started = time.perf_counter()
+    bar = _progress(progress and rank == 0)
+    for index, rows in enumerate(shards):
+        run.rows += len(rows)
+        run.shards = index + 1
+        if index % world != rank:
+            continue
+        file = folder / f"shard-{index:05d}.parquet"
+        if file.exists():
+            run.skipped.append(index)
+            continue
+        records, tokens = _explain_shard(model, tokenizer, rows, job)
+        _write_atomically(parquet, records, file)
+        run.written.append(index)
+        run.tokens += tokens
+        run.rows_explained += len(rows)
+        if bar is not None:
+            bar.update(len(rows))
+            elapsed = max(time.perf_counter() - started, 1e-9)
+            bar.set_postfix_str(f"{run.rows_explained / elapsed:.1f} texts/s, {run.tokens / elapsed:.0f} tokens/s")
+    if bar is not None:
+        bar.close()
+    run.seconds = time.perf_counter() - started
+    _finish(folder, settings, run, parquet)
+    return run
+
+
+# ---- the work of one shard -------------------------------------------------------------------------------------------
+
+def _shards(rows: Iterator[Row], size: int) -> Iterator[list[Row]]:
+    shard: list[Row] = []
+    for row in rows:
+        shard.append(row)
+        if len(shard) == size:
+            yield shard
+            shard = []
+    if shard:
+        yield shard
+
+
+def batches(lengths: Sequence[int], max_tokens: int, batch_size: int | None = None) -> list[list[int]]:
+    """Row indices grouped into batches: fixed ``batch_size`` rows in order, or bucketed by length (shortest
+    first) so that each batch's padded size (longest length x rows) stays within ``max_tokens`` (a row longer
+    than the budget goes alone)."""
+    if batch_size is not None:
+        return [list(range(i, min(i + batch_size, len(lengths)))) for i in range(0, len(lengths), batch_size)]
+    out, batch, longest = [], [], 0
+    for i in sorted(range(len(lengths)), key=lambda i: (lengths[i], i)):
+        width = max(longest, lengths[i])
+        if batch and width * (len(batch) + 1) > max_tokens:
+            out.append(batch)
+            batch, width = [], lengths[i]
+        batch.append(i)
+        longest = width
+    if batch:
+        out.append(batch)
+    return out
+
+
+def _lengths(tokenizer, rows: list[Row]) -> list[int]:
+    texts = [r.text for r in rows]
+    pairs = [r.text_pair for r in rows] if rows[0].text_pair is not None else None
+    with tokenizer_lock(tokenizer):
+        return [len(ids) for ids in tokenizer(texts, pairs, truncation=False)["input_ids"]]
+
+
+def _explain_shard(model, tokenizer, rows: list[Row], job: _Job) -> tuple[list[dict], int]:
+    lengths = _lengths(tokenizer, rows)
+    records: list[dict | None] = [None] * len(rows)
+    for batch in batches(lengths, job.max_tokens, job.batch_size):
+        texts = [rows[i].text for i in batch]
+        pairs = [rows[i].text_pair for i in batch] if rows[0].text_pair is not None else None
+        results = explain(model, tokenizer, texts, job.method, job.target, job.layer, text_pair=pairs,
+                          batch_size=len(batch), **job.options)
+        for i, explanation in zip(batch, results):
+            records[i] = _record(rows[i], explanation)
+    return records, sum(lengths)
+
+
+def _record(row: Row, e) -> dict:
+    main = e.to_dict()
+    record = {"id": row.id, "text": row.text, "text_pair": row.text_pair, "tokens": main["tokens"],
+              "offsets": main["offsets"], "scores": main["scores"], "label": main["label"],
+              "prediction": e.prediction, "probabilities": [
+                  {"label": str(k), "probability": float(v)} for k, v in e.probabilities.items()],
+              "warnings": list(e.warnings)}
+    if len(e.labels) > 1 or len(e.layers) > 1:  # every label and layer asked for
+        record["labels"] = list(e.labels)
+        record["layers"] = list(e.layers)
+        record["scores_by_label_layer"] = e.scores.tolist()
+    return record
+
+
+def _write_atomically(parquet, records: list[dict], file: Path) -> None:
+    import pyarrow as pa
+
+    table = pa.Table.from_pylist(records)
+    temporary = file.with_name(f".{file.name}.tmp-{os.getpid()}")
+    parquet.write_table(table, temporary)
+    os.replace(temporary, file)  # a shard file is either whole or absent
+
+
+# ---- the run: processes, manifest, progress -----------------------------------------------------------------------
+
+def _process() -> tuple[int, int]:
+    """(rank, world size): from torch.distributed when initialised, else from torchrun's environment."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
+def _join_processes(model) -> bool:
+    """Under torchrun / accelerate launch (WORLD_SIZE > 1) without a process group yet: create one (gloo for a
+    model on CPU, nccl on CUDA); True if this call created it (and so destroys it at the end)."""
+    import torch.distributed as dist
+
+    if int(os.environ.get("WORLD_SIZE", 1)) <= 1 or not dist.is_available() or dist.is_initialized():
+        return False
+    device = next(model.parameters()).device
+    dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+    return True
+
+
+def _barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def _model_name(model) -> str:
+    base = unwrap_model(model)
+    return str(getattr(base.config, "_name_or_path", "") or type(base).__name__)
+
+
+def _check_manifest(folder: Path, settings: dict, rank: int) -> None:
+    file = folder / MANIFEST
+    if file.exists():
+        stored = json.loads(file.read_text())["settings"]
+        changed = sorted(k for k in settings if stored.get(k) != json.loads(json.dumps(settings[k], default=str)))
+        if changed:
+            raise InvalidInputError(f"{folder} holds shards made with other settings ({', '.join(changed)} differ); "
+                                    "use another --out folder or remove it")
+    elif rank == 0:
+        _write_manifest(file, {"settings": settings, "complete": False})
+
+
+def _finish(folder: Path, settings: dict, run: AttributionRun, parquet) -> None:
+    _barrier()
+    if run.rank != 0:
+        return
+    import normx
+
+    files = sorted(folder.glob("shard-*.parquet"))
+    rows = {f.name: parquet.ParquetFile(f).metadata.num_rows for f in files}
+    _write_manifest(folder / MANIFEST, {
+        "settings": settings, "complete": len(files) == run.shards and sum(rows.values()) == run.rows,
+        "rows": run.rows, "shards": run.shards, "rows_per_shard": rows, "normx": normx.__version__,
+        "world_size": run.world_size, "written": time.strftime("%Y-%m-%dT%H:%M:%S")})
+
+
+def _write_manifest(file: Path, data: dict) -> None:
+    temporary = file.with_name(f".{file.name}.tmp-{os.getpid()}")
+    temporary.write_text(json.dumps(data, indent=1, default=str) + "\n")
+    os.replace(temporary, file)
+
+
+def _progress(enabled: bool):
+    if not enabled:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(unit="text", desc="normx attribute", disable=None)

@@ -1,0 +1,25 @@
+"""``normx evaluate EXPERIMENT ...``: each experiment's module adds its own subcommand.
+
+An experiment module defines ``add_parser(subparsers)``, which adds its subcommand and sets ``func`` (a function
+``args -> exit code``) as the parser's default.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from normx.cli import blimp, faithfulness
+
+EXPERIMENTS = {"faithfulness": faithfulness, "blimp": blimp}  # experiment -> module with add_parser
+
+
+def add_evaluate_parser(sub) -> argparse.ArgumentParser:
+    parser = sub.add_parser("evaluate", help="evaluate explanations: " + ", ".join(EXPERIMENTS))
+    experiments = parser.add_subparsers(dest="experiment", required=True)
+    for module in EXPERIMENTS.values():
+        module.add_parser(experiments)
+    return parser
+
+
+def run(args) -> int:
+    return int(args.func(args) or 0)

@@ -1,0 +1,321 @@
+"""The ``normx`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import warnings
+
+from normx.errors import InvalidInputError, NormxError
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser. ``command``: the subcommand about to run; only its heavy parts are built (the method flags
+    come from the method registry, the evaluate subcommands from the evaluation modules), so that ``normx --help``
+    and the light commands never import torch. ``None`` builds everything."""
+    from normx.cli.flags import add_method_flags
+
+    def heavy(name: str) -> bool:
+        return command is None or command == name
+
+    parser = argparse.ArgumentParser(prog="normx", description="NormXLogit token attributions for HF models.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    ex = sub.add_parser("explain", help="explain a model's prediction on one or more texts")
+    ex.add_argument("texts", nargs="+", metavar="TEXT", help="text(s) to explain; `-` reads them from standard "
+                    "input, one per line")
+    ex.add_argument("--model", required=True,
+                    help="a preset name (`normx models`), a local model folder, a PEFT adapter folder or a hub id")
+    ex.add_argument("--method", default="normxlogit", help="attribution method (see `normx methods`)")
+    ex.add_argument("--target", action="append", default=None, metavar="LABEL",
+                    help="label, class index or vocabulary token to explain (repeatable; 'all' = every class); "
+                         "default: the predicted label")
+    ex.add_argument("--foil", default=None, metavar="LABEL", help="contrastive: subtract this label's scores")
+    ex.add_argument("--layer", default=None, help="layer index (0 = embeddings, negative from the end) or 'all'")
+    ex.add_argument("--pair", default=None, metavar="TEXT", help="second text for sentence-pair models")
+    ex.add_argument("--embedding", default="layer", choices=["layer", "word"],
+                    help="x^0 for the norm: embedding layer output (default) or raw word embedding")
+    ex.add_argument("--words", action="store_true", help="show words: subword tokens summed per word")
+    ex.add_argument("--word-aggregation", default=None, choices=["sum", "mean", "max", "absmax"],
+                    help="how subword scores make a word's score (implies --words; default sum)")
+    ex.add_argument("--truncation", default="warn", choices=["warn", "error"])
+    if heavy("explain"):
+        add_method_flags(ex)
+    ex.add_argument("--gguf-file", default=None, help="load a GGUF checkpoint file inside the model folder")
+    ex.add_argument("--json", action="store_true", help="print one JSON object with a `results` list")
+    ex.add_argument("--no-color", action="store_true", help="plain table without ANSI colours")
+
+    at = sub.add_parser("attribute", help="explain every row of a corpus into Parquet shards (streamed, resumable; "
+                        "torchrun / accelerate launch for many processes)")
+    at.add_argument("--model", required=True, help="a preset, a model folder, a PEFT adapter folder or a hub id")
+    at.add_argument("--data", required=True, help="a TSV / CSV / JSONL / Parquet file, or a hub dataset id "
+                    "NAME[:CONFIG][@SPLIT] (online)")
+    at.add_argument("--out", required=True, help="output folder: shard-*.parquet and manifest.json")
+    at.add_argument("--text-column", default=None, help="default: text, sentence, sentence1, premise or question")
+    at.add_argument("--pair-column", default=None, help="default: the usual partner of the text column, if present; "
+                    "'' for none")
+    at.add_argument("--method", default="normxlogit")
+    at.add_argument("--target", action="append", default=None, metavar="LABEL",
+                    help="label(s) to explain (repeatable; 'all'); default: the predicted one")
+    at.add_argument("--layer", default=None, help="layer index, comma-separated indices or 'all'")
+    at.add_argument("--limit", type=int, default=None, help="the first N rows only")
+    at.add_argument("--shard-size", type=int, default=1000, help="rows per output shard (default 1000)")
+    at.add_argument("--max-tokens", type=int, default=None,
+                    help="padded tokens per forward pass; rows are bucketed by length (default 2048 on CPU, "
+                         "16384 on GPU)")
+    at.add_argument("--batch-size", type=int, default=None,
+                    help="fixed batches of N rows in input order instead of length buckets")
+    at.add_argument("--no-progress", action="store_true")
+    if heavy("attribute"):
+        add_method_flags(at)
+
+    sub.add_parser("methods", help="list the attribution methods")
+    models = sub.add_parser("models", help="list the offline preset models")
+    models.add_argument("--json", action="store_true")
+
+    tr = sub.add_parser("train", help="train an offline preset's adapter and head (reproducible from --seed)")
+    tr.add_argument("preset", help="a preset name from `normx models`")
+    tr.add_argument("--data", default=None, help="data folder (default: $NORMX_DATA, else the hub when online)")
+    tr.add_argument("--out", default=None, help="output folder (default: the preset's folder in the package)")
+    tr.add_argument("--seed", type=int, default=0)
+    tr.add_argument("--no-progress", action="store_true")
+    sub.add_parser("supported", help="list the supported model classes")
+    if heavy("evaluate"):
+        from normx.cli.evaluate import add_evaluate_parser
+
+        add_evaluate_parser(sub)
+    else:
+        sub.add_parser("evaluate", help="evaluate explanations: faithfulness, blimp")
+    sub.add_parser("demo", add_help=False,
+                   help="serve the Gradio demo (demo/app.py; `normx demo --help` for its options)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["demo"]:  # the demo app parses its own options
+        return _demo(argv[1:])
+    command = next((a for a in argv if not a.startswith("-")), "")  # "": no subcommand (top-level help or usage)
+    args = build_parser(command).parse_args(argv)
+    try:
+        return _run(args)
+    except NormxError as exc:
+        print(f"normx: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _run(args) -> int:
+    import normx
+
+    if args.command not in ("methods", "models", "supported"):  # the light commands never import transformers
+        _quiet_transformers()
+    if args.command == "methods":
+        offered = normx.describe_methods()
+        for name, description in offered.items():
+            print(f"{name:<20} {description}")
+        experimental = {k: v for k, v in normx.describe_methods(experimental=True).items() if k not in offered}
+        if experimental:
+            print("\nexperimental (candidates under study, usable by name; docs/variants.md):")
+            for name, description in experimental.items():
+                print(f"{name:<20} {description}")
+        return 0
+    if args.command == "models":
+        return _models(args)
+    if args.command == "train":
+        return _train(args)
+    if args.command == "evaluate":
+        from normx.cli.evaluate import run
+
+        return run(args)
+    if args.command == "attribute":
+        return _attribute(args)
+    if args.command == "supported":
+        print("\n".join(normx.supported_models()))
+        return 0
+
+    # everything that can be checked without the model is checked before it loads
+    normx.methods.registry.get_method(args.method)
+    layer = args.layer if args.layer in (None, "all") else _layer(args.layer)
+    texts = _texts(args.texts)
+    _check_labels(args.model, [*(args.target or []), *([args.foil] if args.foil else [])])
+    kwargs = {"gguf_file": args.gguf_file} if args.gguf_file else {}
+    model, tokenizer = normx.load_model(args.model, **kwargs)
+    target = _target(args.target)
+    pairs = None if args.pair is None else [args.pair] * len(texts)
+    from normx.cli.flags import given_options
+
+    options = given_options(args)
+    results = normx.explain(model, tokenizer, texts, method=args.method, target=target, layer=layer,
+                            text_pair=pairs, foil=None if args.foil is None else _maybe_int(args.foil),
+                            embedding=args.embedding, truncation=args.truncation, **options)
+    if args.words or args.word_aggregation:
+        results = [r.words(args.word_aggregation or "sum") for r in results]
+    if args.json:
+        print(json.dumps({"model": args.model, "results": [r.to_dict() for r in results]}, ensure_ascii=False))
+        return 0
+    from normx.cli.render import render_table
+
+    color = not args.no_color and sys.stdout.isatty() and "NO_COLOR" not in os.environ
+    print("\n\n".join(render_table(r, color=color) for r in results))
+    return 0
+
+
+def _attribute(args) -> int:
+    import normx
+    from normx.bulk.attribute import attribute_dataset
+    from normx.cli import flags as method_flags
+
+    normx.methods.registry.get_method(args.method)
+    layer = args.layer if args.layer in (None, "all") else _layer(args.layer)
+    model, tokenizer = normx.load_model(args.model)
+    local = os.environ.get("LOCAL_RANK")
+    if local is not None:
+        import torch
+
+        if torch.cuda.is_available():
+            model.to(f"cuda:{int(local)}")  # one GPU per process under torchrun / accelerate launch
+    target = _target(args.target)
+    run = attribute_dataset(model, tokenizer, args.data, args.out, method=args.method, target=target, layer=layer,
+                            text_column=args.text_column, pair_column=args.pair_column, limit=args.limit,
+                            shard_size=args.shard_size, max_tokens=args.max_tokens, batch_size=args.batch_size,
+                            progress=not args.no_progress, **method_flags.given_options(args))
+    if run.rank == 0:
+        print(run.summary(), file=sys.stderr)
+    return 0
+
+
+def _known_labels(model: str) -> list[str] | None:
+    """A classifier's label names, read without loading it (a preset's, or a folder's config.json); None when they
+    cannot be known so (hub ids, LM heads, regression)."""
+    from pathlib import Path
+
+    from normx.zoo.presets import PRESETS
+
+    if model in PRESETS and not Path(model).exists():
+        labels = list(PRESETS[model].labels)
+        return labels if PRESETS[model].task == "sequence-classification" and len(labels) > 1 else None
+    config = Path(model).expanduser() / "config.json"
+    if not config.is_file():
+        return None
+    names = json.loads(config.read_text()).get("id2label") or {}
+    return [names[k] for k in sorted(names, key=int)] if len(names) > 1 else None
+
+
+def _check_labels(model: str, given: list[str]) -> None:
+    """Label names that the model does not have are reported before it loads (indices and 'all' pass)."""
+    labels = _known_labels(model)
+    if not labels:
+        return
+    lowered = {label.lower() for label in labels}
+    for value in given:
+        if value != "all" and not value.strip().lstrip("-").isdigit() and value.lower() not in lowered:
+            raise InvalidInputError(f"label {value!r} is not a label of {model}; its labels are {labels} (or indices "
+                                    f"0..{len(labels) - 1}, or 'all')")
+
+
+def _target(target):
+    if target is not None and len(target) == 1:
+        return _maybe_int(target[0])
+    return None if target is None else [_maybe_int(t) for t in target]
+
+
+def _models(args) -> int:
+    from normx.zoo.presets import PRESETS
+
+    rows = [preset.summary() for preset in PRESETS.values()]
+    if args.json:
+        print(json.dumps(rows))
+        return 0
+    print(f"{'preset':<14} {'task':<24} {'labels':<36} {'metric (dev)':<18} {'size':>8}  base package")
+    for row in rows:
+        metric = "" if row["metric"] is None else f"{row['metric']} " + (
+            "untrained" if row["value"] is None else f"{row['value']:.3f}")
+        labels = ", ".join(row["labels"]) or "vocabulary"
+        print(f"{row['name']:<14} {row['task']:<24} {labels:<36} {metric:<18} {row['size_mb']:>6.2f}MB  "
+              f"{row['package']}")
+    return 0
+
+
+def _train(args) -> int:
+    from normx.zoo.presets import get_preset
+    from normx.zoo.training import train
+
+    preset = get_preset(args.preset)
+    if preset.recipe is None:
+        print(f"normx: preset {preset.name!r} is used untouched; there is nothing to train", file=sys.stderr)
+        return 2
+    command = " ".join(["normx train", preset.name, f"--seed {args.seed}"] + (["--data DATA"] if args.data else []))
+    out = args.out or preset.folder
+    metrics = train(preset.recipe, preset.fresh, out, data_path=args.data, seed=args.seed,
+                    progress=not args.no_progress, command=command)
+    preset.name_base_in(out)
+    print(json.dumps({k: metrics[k] for k in ("metric", "value", "examples", "train_examples", "steps",
+                                              "train_seconds")}))
+    return 0
+
+
+def _demo(argv: list[str]) -> int:
+    """``normx demo [--host H] [--port P] [--model M] [--locked] [--models A,B]``: serve the Gradio demo.
+
+    The app is ``demo/app.py`` of the source checkout (the folder next to the ``normx`` package; the README
+    installs normx editable), or the file named by $NORMX_DEMO_APP. It is imported by path and its ``main(argv)``
+    runs (blocking until Ctrl-C).
+    """
+    import importlib.util
+    from pathlib import Path
+
+    default = Path(__file__).resolve().parents[1] / "demo" / "app.py"
+    app_file = Path(os.environ.get("NORMX_DEMO_APP") or default)
+    if not app_file.is_file():
+        print(f"normx: error: no demo app at {app_file}: `normx demo` runs demo/app.py of a source checkout "
+              "(pip install -e '.[demo]'); set NORMX_DEMO_APP to its path otherwise", file=sys.stderr)
+        return 2
+    if importlib.util.find_spec("gradio") is None:
+        print("normx: error: the demo needs gradio: pip install -e '.[demo]'", file=sys.stderr)
+        return 2
+    spec = importlib.util.spec_from_file_location("normx_demo_app", app_file)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return int(module.main(argv) or 0)
+
+
+def _quiet_transformers() -> None:
+    """Loading progress bars and load reports would drown the explanation; errors still surface."""
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
+    warnings.filterwarnings("ignore", category=FutureWarning)  # deprecation notices from transformers / peft
+
+
+def _maybe_int(value: str):
+    return int(value) if value.strip().lstrip("-").isdigit() else value
+
+
+def _layer(value: str):
+    """``--layer``: an index, a comma-separated list of indices, or 'all' (ranges are checked with the model)."""
+    parts = [part.strip() for part in value.split(",")]
+    bad = [part for part in parts if not part.lstrip("-").isdigit()]
+    if bad or not parts:
+        raise InvalidInputError(f"--layer {value!r} is not allowed: give a layer index (0 = embeddings, negative "
+                                "counts from the end), a comma-separated list of them, or 'all'")
+    numbers = [int(part) for part in parts]
+    return numbers if "," in value else numbers[0]
+
+
+def _texts(texts: list[str]) -> list[str]:
+    """The TEXT arguments; a lone `-` reads the texts from standard input, one per non-empty line."""
+    if texts != ["-"]:
+        return list(texts)
+    lines = [line.rstrip("\r\n") for line in sys.stdin]
+    texts = [line for line in lines if line.strip()]
+    if not texts:
+        raise InvalidInputError("`-` reads the texts from standard input, one per line, but it had none")
+    return texts
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

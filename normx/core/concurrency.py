@@ -1,0 +1,231 @@
+"""One model, many callers: what normx does to a shared model is scoped to the call that does it.
+
+A model is shared by threads (a web demo, a server, a notebook with a thread pool). Three things normx does could
+be seen by other callers, and each is handled at the level where it happens:
+
+- **Forward hooks** (:mod:`normx.core.hooks`) act only for the thread that registered them: another thread's forward
+  pass through the same module runs them as no-ops. Captures of different threads never mix.
+- **Model-wide switches**: eval mode for a model left in training mode, and eager attention for the passes that
+  read attention probabilities (DecompX, GlobEnc, ALTI). Every stretch of normx work on a model holds the model's
+  :class:`ModelLock` *shared* (:func:`using`); a switch is made only while holding it *exclusively* (no other
+  normx work on that model runs meanwhile), and restored before it is released. The exclusive part is one forward
+  pass for eager attention, so cheap calls wait at most that long.
+- **Tokenizers**: a fast tokenizer's truncation / padding settings are state of the shared Rust object that each
+  call sets; :func:`tokenizer_lock` serialises normx's tokenizer calls on one tokenizer (they take microseconds).
+
+``requires_grad`` is never changed: gradient methods differentiate with ``torch.autograd.grad`` with respect to
+their input embeddings only, which leaves the parameters' ``.grad`` untouched.
+
+Code outside normx that changes the model (training it in another thread, switching its attention
+implementation) is not covered: no lock can see it.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from normx._torch import nn
+from normx.models import unwrap_model
+
+_SHARED, _EXCLUSIVE = "shared", "exclusive"
+
+
+class ModelLock:
+    """A readers-writer lock that prefers writers and is reentrant per thread.
+
+    ``shared()`` may be held by many threads at once; ``exclusive()`` by one thread, with no shared holder. A
+    thread may nest ``shared`` and ``exclusive`` in any order: inside ``exclusive`` everything passes through; an
+    ``exclusive`` inside ``shared`` gives the thread's shared hold up while it waits and runs, and takes it back
+    after (the caller is between two forward passes then, so nothing it computed depends on the gap). Writers are
+    preferred: once one waits, new shared holders wait behind it, so a writer waits at most for the stretches of
+    work already running.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._readers = 0
+        self._writer: int | None = None
+        self._writers_waiting = 0
+        self._local = threading.local()
+
+    # this thread's hold: (mode or None, depth)
+    def _hold(self) -> tuple[str | None, int]:
+        return getattr(self._local, "mode", None), getattr(self._local, "depth", 0)
+
+    def _set(self, mode: str | None, depth: int) -> None:
+        self._local.mode, self._local.depth = mode, depth
+
+    def _acquire_shared(self) -> None:
+        with self._cond:
+            while self._writer is not None or self._writers_waiting:
+                self._cond.wait()
+            self._readers += 1
+
+    def _release_shared(self) -> None:
+        with self._cond:
+            self._readers -= 1
+            if not self._readers:
+                self._cond.notify_all()
+
+    def _acquire_exclusive(self) -> None:
+        with self._cond:
+            self._writers_waiting += 1
+            try:
+                while self._writer is not None or self._readers:
+                    self._cond.wait()
+            finally:
+                self._writers_waiting -= 1
+            self._writer = threading.get_ident()
+
+    def _release_exclusive(self) -> None:
+        with self._cond:
+            self._writer = None
+            self._cond.notify_all()
+
+    @contextmanager
+    def _nested(self, mode: str, depth: int) -> Iterator[None]:
+        """A hold inside a hold this thread already has: only the depth changes."""
+        self._set(mode, depth + 1)
+        try:
+            yield
+        finally:
+            self._set(mode, depth)
+
+    @contextmanager
+    def shared(self) -> Iterator[None]:
+        mode, depth = self._hold()
+        if mode is not None:  # nested: already shared or exclusive
+            with self._nested(mode, depth):
+                yield
+            return
+        self._acquire_shared()
+        self._set(_SHARED, 1)
+        try:
+            yield
+        finally:
+            self._set(None, 0)
+            self._release_shared()
+
+    @contextmanager
+    def exclusive(self) -> Iterator[None]:
+        mode, depth = self._hold()
+        if mode == _EXCLUSIVE:
+            with self._nested(mode, depth):
+                yield
+            return
+        if mode == _SHARED:  # give the shared hold up while exclusive, take it back after
+            self._release_shared()
+        self._acquire_exclusive()
+        self._set(_EXCLUSIVE, 1)
+        try:
+            yield
+        finally:
+            self._release_exclusive()
+            if mode == _SHARED:
+                self._acquire_shared()
+            self._set(mode, depth)
+
+    def pause(self) -> None:
+        """Between two forward passes of a long stretch of shared work: if a writer waits, let it run first
+        (the shared hold is given up and taken back). Does nothing for an exclusive hold or when no writer waits."""
+        if self._hold()[0] != _SHARED or not self._writers_waiting:
+            return
+        self._release_shared()
+        self._acquire_shared()
+
+    @property
+    def held_by_this_thread(self) -> str | None:
+        """``"shared"``, ``"exclusive"`` or ``None``."""
+        return self._hold()[0]
+
+
+_MODEL_LOCKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_TOKENIZER_LOCKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_GUARD = threading.Lock()
+
+
+def _lock_of(table: weakref.WeakKeyDictionary, obj, make):
+    """``table[obj]``, made with ``make()`` the first time (for as long as ``obj`` lives)."""
+    with _GUARD:
+        lock = table.get(obj)
+        if lock is None:
+            lock = table[obj] = make()
+        return lock
+
+
+def model_lock(model: nn.Module) -> ModelLock:
+    """The :class:`ModelLock` of ``model`` (the same for a PEFT wrapper and the model inside it, whose modules are
+    the shared ones)."""
+    return _lock_of(_MODEL_LOCKS, unwrap_model(model), ModelLock)
+
+
+def pause(model: nn.Module) -> None:
+    """Call between two forward passes of long work on ``model`` (:meth:`ModelLock.pause`), so that a call waiting to
+    hold the model exclusively (one eager-attention pass) does not wait for the whole of this one."""
+    model_lock(model).pause()
+
+
+def _training_modules(model: nn.Module) -> list[nn.Module]:
+    return [module for module in model.modules() if module.training]
+
+
+@contextmanager
+def using(model: nn.Module) -> Iterator[None]:
+    """A stretch of normx work on ``model`` (one batch: its forward passes and head calls) in eval mode.
+
+    Holds the model's lock shared. A model left in training mode (dropout on) is switched to eval mode for the
+    stretch while the lock is held exclusively, and its training flags are restored before the lock is released:
+    other normx calls on it wait meanwhile, and never see it half switched.
+    """
+    lock = model_lock(model)
+    with lock.shared():  # the flags are read under the lock: nobody is switching them meanwhile
+        if lock.held_by_this_thread == _EXCLUSIVE or not _training_modules(model):
+            yield  # (inside an exclusive hold the caller already switched what it needs)
+            return
+    with lock.exclusive(), _eval_mode(model):  # a model in training mode
+        yield
+
+
+@contextmanager
+def _eval_mode(model: nn.Module) -> Iterator[None]:
+    """Every training module in eval mode for the body, switched back after (call holding the lock exclusively)."""
+    training = _training_modules(model)
+    for module in training:
+        module.training = False
+    try:
+        yield
+    finally:
+        for module in training:
+            module.training = True
+
+
+@contextmanager
+def _eager(model: nn.Module) -> Iterator[None]:
+    """Eager attention in every config of ``model`` for the body, each restored after (hold the lock exclusively)."""
+    configs = {id(m.config): m.config for m in model.modules()
+               if hasattr(getattr(m, "config", None), "_attn_implementation_internal")}
+    saved = {key: config._attn_implementation_internal for key, config in configs.items()}
+    try:
+        for config in configs.values():
+            config._attn_implementation_internal = "eager"
+        yield
+    finally:
+        for key, config in configs.items():
+            config._attn_implementation_internal = saved[key]
+
+
+@contextmanager
+def attention_weights(model: nn.Module) -> Iterator[None]:
+    """One forward pass of ``model`` with eager attention (which returns the attention probabilities), in eval
+    mode, holding the model's lock exclusively; both settings are restored before the lock is released."""
+    base = unwrap_model(model)
+    with model_lock(base).exclusive(), _eager(base), _eval_mode(base):
+        yield
+
+
+def tokenizer_lock(tokenizer) -> threading.RLock:
+    """The lock normx holds around each call of ``tokenizer`` (fast tokenizers keep truncation settings as state)."""
+    return _lock_of(_TOKENIZER_LOCKS, tokenizer, threading.RLock)

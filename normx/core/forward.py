@@ -1,0 +1,87 @@
+"""One forward pass with layer capture, and what a method reads of it for one batch.
+
+:class:`Pass` runs the backbone once with hooks on the embedding output and the requested blocks, finds the pooled
+positions (the adapter's rule), and runs the model's head: at the pooled position (the prediction) or on every
+token's representation at a captured layer (what the head-on-top methods score).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from normx._torch import torch
+from normx.core.hooks import capture
+from normx.models import Adapter
+
+
+@dataclass
+class Pass:
+    """The captured representations of one batch and the quantities the methods need.
+
+    ``layers`` are the layers the caller asked for (0 = embedding output, L = last block); the last layer is
+    always captured too, since the prediction is read from it, and so are the ``reads`` layers a method reads
+    besides them (``Method.reads_layers``).
+    """
+
+    model: torch.nn.Module  # the transformers model (PEFT-unwrapped)
+    adapter: Adapter
+    inputs: dict[str, torch.Tensor]
+    layers: list[int]
+    embedding: str = "layer"
+    hidden: dict[int, torch.Tensor] = field(default_factory=dict)
+    input_norm: torch.Tensor | None = None  # [B, T] float32: ||x_i^0||
+    pooled: torch.Tensor | None = None  # [B] position of the pooled token
+    mask_token_id: int | None = None  # masked-LM heads: the prediction is read at this token
+    reads: tuple[int, ...] = ()  # more layers to capture
+    _normed: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)  # decoders: norm(x^L)
+
+    def run(self) -> Pass:
+        model, adapter = self.model, self.adapter
+        num_layers = adapter.num_layers(model)
+        blocks = adapter.block_modules(model)
+        layer_output = adapter.embedding_module(model, "layer")
+        modules = {"x0": adapter.embedding_module(model, self.embedding)}
+        for layer in sorted(set(self.layers) | set(self.reads) | {num_layers}):
+            modules[f"h{layer}"] = layer_output if layer == 0 else blocks[layer - 1]
+        transforms = {"x0": lambda t: t.float().norm(dim=-1)}  # keep only the norms of x^0, not x^0 itself
+        kwargs = adapter.forward_kwargs
+        with capture(modules, transforms) as store:
+            model.base_model(**self.inputs, **kwargs)
+        self.input_norm = store.pop("x0")
+        self.hidden = {int(key[1:]): value for key, value in store.items()}
+        return self.locate()
+
+    def locate(self) -> Pass:
+        """Only find the pooled positions, without the forward pass (for methods that run their own)."""
+        self.pooled = self.adapter.pooled_positions(self.model.config, self.inputs, self.mask_token_id)
+        return self
+
+    # ---- head --------------------------------------------------------------------------------------------------------
+    def head_input(self, layer: int) -> torch.Tensor:
+        """x^l as the head sees it: decoders apply their final norm first, as the model does. The last layer's,
+        read by both the prediction and the scores, is normed once and kept."""
+        hidden = self.hidden[layer]
+        norm = self.adapter.norm_module(self.model)
+        if norm is None:
+            return hidden
+        if layer != max(self.hidden):
+            return norm(hidden)
+        if layer not in self._normed:
+            self._normed[layer] = norm(hidden)
+        return self._normed[layer]
+
+    def head(self, hidden: torch.Tensor, columns: torch.Tensor | None = None) -> torch.Tensor:
+        """The head-on-top on every position of ``hidden`` [B, T, H] -> [B, T, C]."""
+        b, t, h = hidden.shape
+        return self.adapter.head(self.model, hidden.reshape(b * t, h), columns).reshape(b, t, -1)
+
+    def pooled_logits(self) -> torch.Tensor:
+        """The model's prediction logits [B, C] (all classes, or the whole vocabulary), from the last layer."""
+        last = self.head_input(max(self.hidden))
+        rows = torch.arange(last.shape[0], device=last.device)
+        return self.adapter.head(self.model, last[rows, self.pooled], None)
+
+    def hidden_norms(self) -> torch.Tensor:
+        """||x_i^l|| for the requested layers [B, len(layers), T]; layer 0 is the chosen input embedding."""
+        norms = [self.input_norm if layer == 0 else self.hidden[layer].float().norm(dim=-1) for layer in self.layers]
+        return torch.stack(norms, dim=1)

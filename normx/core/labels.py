@@ -1,0 +1,164 @@
+"""A head's label space: its output columns and their names, user targets (label names, class indices, vocabulary
+tokens) resolved to columns, the prediction and its probabilities read from the head's logits, and the few
+vocabulary columns an LM head is run at."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from normx._torch import torch
+from normx.errors import UnknownTargetError, UnsupportedModelError
+from normx.models import HeadKind
+
+ALL = "all"
+TOP_TOKENS = 5  # vocabulary heads report the probabilities of this many top tokens
+
+
+@dataclass(frozen=True)
+class HeadColumns:
+    """The columns to run a head at for target columns [B, K] and a foil column [B]: ``vocab`` (1-D vocabulary
+    ids, each once; ``None``: every output of a classifier head) and where each target / the foil is among the
+    head's outputs (``targets`` [B, K], ``foil`` [B] or None)."""
+
+    vocab: torch.Tensor | None
+    targets: torch.Tensor
+    foil: torch.Tensor | None
+
+
+class LabelSpace:
+    """The output columns of a model's head and their names."""
+
+    def __init__(self, kind: HeadKind | str, config, tokenizer):
+        self.kind = kind = HeadKind(kind)
+        self.config = config
+        self.tokenizer = tokenizer
+        self.regression = kind is HeadKind.SEQUENCE_CLASSIFICATION and is_regression(config)
+        if kind is HeadKind.SEQUENCE_CLASSIFICATION:
+            n = int(config.num_labels)
+            if self.regression and n != 1:
+                raise UnsupportedModelError(
+                    f"this model does regression with {n} outputs (problem_type='regression', num_labels={n}); "
+                    "normx explains single-output regression (num_labels=1) and classification heads"
+                )
+            id2label = getattr(config, "id2label", None) or {}
+            self.names = ["score"] if self.regression else [str(id2label.get(i, f"LABEL_{i}")) for i in range(n)]
+        else:
+            self.names = None  # vocabulary: names come from the tokenizer
+
+    @property
+    def is_vocabulary(self) -> bool:
+        return self.kind.vocabulary
+
+    def head_columns(self, columns: torch.Tensor, foil: torch.Tensor | None = None) -> HeadColumns:
+        """Where to run this head for target columns [B, K] (minus a foil column [B]): :func:`head_columns`."""
+        return head_columns(columns, foil, self.is_vocabulary and not self.regression)
+
+    def target_columns(self, logits: torch.Tensor, requested: list[int] | None) -> torch.Tensor:
+        """The explained columns [B, K]: the ``requested`` ones, else the prediction (the argmax of ``logits``
+        [B, C]); regression: its one output."""
+        batch = logits.shape[0]
+        if self.regression:
+            return torch.zeros((batch, 1), dtype=torch.long, device=logits.device)
+        if requested is None:
+            return logits.argmax(-1, keepdim=True)
+        return torch.tensor(requested, device=logits.device).expand(batch, -1)
+
+    def prediction(self, logits: torch.Tensor, columns: list[int]) -> tuple[str | float, dict[str, float]]:
+        """``(prediction, probabilities)`` of one text from its head's logits [C]: the regression score and no
+        probabilities; else the top label and the probability of every class (sigmoid for multi-label heads,
+        softmax otherwise), or of a vocabulary head's top tokens and the explained ``columns``."""
+        if self.regression:
+            return float(logits[0]), {}
+        multi_label = getattr(self.config, "problem_type", None) == "multi_label_classification"
+        probs = logits.sigmoid() if multi_label else logits.softmax(-1)
+        if self.is_vocabulary:
+            shown = list(dict.fromkeys(probs.topk(min(TOP_TOKENS, probs.numel())).indices.tolist() + columns))
+        else:
+            shown = range(probs.numel())
+        return self.name(int(logits.argmax())), {self.name(i): float(probs[i]) for i in shown}
+
+    def name(self, column: int) -> str:
+        if self.names is not None:
+            return self.names[column]
+        return self.tokenizer.convert_ids_to_tokens(int(column))
+
+    def resolve_many(self, target, what: str = "target") -> list[int] | None:
+        """``None`` (the prediction), one target, ``"all"`` or a list of targets -> columns (or None)."""
+        if target is None:
+            return None
+        if isinstance(target, str) and target == ALL:
+            if self.is_vocabulary:
+                raise UnknownTargetError(f"{what}='all' is only for classification heads; an LM head has a whole "
+                                         "vocabulary: name the tokens you want")
+            return list(range(len(self.names)))
+        if isinstance(target, (list, tuple)):
+            if not target:
+                raise UnknownTargetError(f"{what} is an empty list; give at least one label, or None for the "
+                                         "predicted one")
+            columns = [self.resolve(t, what) for t in target]
+            return list(dict.fromkeys(columns))
+        return [self.resolve(target, what)]
+
+    def resolve(self, target, what: str = "target") -> int:
+        if self.regression:
+            raise UnknownTargetError(
+                f"{what}={target!r} was given, but this is a regression model (num_labels=1): it has no labels "
+                "to choose from; leave target and foil unset"
+            )
+        if isinstance(target, bool) or not isinstance(target, (int, str)):
+            raise UnknownTargetError(f"{what} must be a label name, a class index or a token; got "
+                                     f"{type(target).__name__} {target!r}")
+        return self._vocab(target, what) if self.is_vocabulary else self._label(target, what)
+
+    def _label(self, target, what: str) -> int:
+        n = len(self.names)
+        if isinstance(target, str):
+            if target in self.names:
+                return self.names.index(target)
+            lowered = [name.lower() for name in self.names]
+            if target.lower() in lowered:
+                return lowered.index(target.lower())
+            if target.strip().lstrip("-").isdigit():
+                target = int(target)
+            else:
+                raise UnknownTargetError(f"{what}={target!r} is not a label of this model; its labels are "
+                                         f"{self.names} (or indices 0..{n - 1})")
+        if not -n <= target < n:
+            raise UnknownTargetError(f"{what}={target} is out of range: this model has {n} labels {self.names}")
+        return target % n
+
+    def _vocab(self, target, what: str) -> int:
+        tok = self.tokenizer
+        size = len(tok)
+        if isinstance(target, int):
+            if not 0 <= target < size:
+                raise UnknownTargetError(f"{what}={target} is not a token id: the vocabulary has ids 0..{size - 1}")
+            return target
+        vocab = tok.get_vocab()
+        if target in vocab:
+            return vocab[target]
+        candidates = [target] if target.startswith(" ") else [target, " " + target]
+        for text in candidates:
+            ids = tok.encode(text, add_special_tokens=False)
+            if len(ids) == 1:
+                return ids[0]
+        raise UnknownTargetError(
+            f"{what}={target!r} is not a single token of this model's vocabulary (it splits into "
+            f"{tok.tokenize(target)}); give one vocabulary token or a token id"
+        )
+
+
+def is_regression(config) -> bool:
+    if getattr(config, "problem_type", None) == "regression":
+        return True
+    return int(getattr(config, "num_labels", 2)) == 1
+
+
+def head_columns(columns: torch.Tensor, foil: torch.Tensor | None, vocabulary: bool) -> HeadColumns:
+    """Where to run a head for target columns [B, K] (minus a foil column [B]): a ``vocabulary`` head only at the
+    wanted ids (each once: ``torch.unique``), a classifier at all its outputs."""
+    if not vocabulary:
+        return HeadColumns(None, columns, foil)
+    wanted = columns if foil is None else torch.cat([columns, foil[:, None]], dim=1)
+    vocab, index = torch.unique(wanted, return_inverse=True)
+    return HeadColumns(vocab, index, None) if foil is None else HeadColumns(vocab, index[:, :-1], index[:, -1])

@@ -1,0 +1,149 @@
+"""Rows of a corpus, streamed: TSV, CSV, JSONL and Parquet files, or a Hugging Face hub dataset id (online).
+
+:func:`iter_rows` yields ``(id, text, text_pair)`` one row at a time, ``id`` being the row's 0-based index in the
+input, so memory does not grow with the corpus. Columns default to the usual names (``text``, ``sentence``,
+``sentence1``, ``premise``, ``question`` for the text; ``text_pair``, ``sentence2``, ``hypothesis`` and, after
+``question``, ``sentence`` for the pair): the GLUE files in the shared data folder work without options.
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import json
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from normx.errors import InvalidInputError, ModelLoadError
+
+SUFFIXES = (".tsv", ".csv", ".jsonl", ".parquet")
+TEXT_COLUMNS = ("text", "sentence", "sentence1", "premise", "question")
+PAIR_COLUMNS = {"text": "text_pair", "sentence1": "sentence2", "premise": "hypothesis", "question": "sentence"}
+
+
+@dataclass(frozen=True)
+class Row:
+    id: int
+    text: str
+    text_pair: str | None
+
+
+def iter_rows(source: str | Path, text_column: str | None = None, pair_column: str | None = None,
+              limit: int | None = None) -> Iterator[Row]:
+    """The rows of ``source`` (a file, or a hub dataset id as ``NAME[:CONFIG][@SPLIT]``), in order, at most
+    ``limit``. ``pair_column=""`` reads single texts even where a pair column exists."""
+    records = _records(source)
+    first = next(records, None)
+    if first is None:
+        raise InvalidInputError(f"{source} has no rows")
+    text_column, pair_column = _columns(source, first[1], text_column, pair_column)
+    count = 0
+    for number, record in itertools.chain([first], records):
+        if limit is not None and count >= limit:
+            return
+        text = record.get(text_column)
+        if not isinstance(text, str):
+            raise InvalidInputError(f"{source}:{number}: no text in column {text_column!r}")
+        pair = record.get(pair_column) if pair_column else None
+        if pair_column and not isinstance(pair, str):
+            raise InvalidInputError(f"{source}:{number}: no text in the pair column {pair_column!r}")
+        yield Row(count, text, pair)
+        count += 1
+
+
+def _columns(source, record: dict, text_column: str | None, pair_column: str | None) -> tuple[str, str | None]:
+    names = list(record)
+    if text_column is None:  # a known pair first: QNLI has both question and sentence
+        text_column = next((t for t, p in PAIR_COLUMNS.items() if t in record and p in record), None)
+    if text_column is None:
+        text_column = next((c for c in TEXT_COLUMNS if c in record), None)
+        if text_column is None:
+            raise InvalidInputError(f"{source}: no text column found among {names}; name it with text_column= "
+                                    f"(CLI: --text-column); looked for {', '.join(TEXT_COLUMNS)}")
+    elif text_column not in record:
+        raise InvalidInputError(f"{source}: no column {text_column!r}; the columns are {names}")
+    if pair_column is None:
+        guess = PAIR_COLUMNS.get(text_column)
+        pair_column = guess if guess in record else None
+    elif pair_column == "":
+        pair_column = None
+    elif pair_column not in record:
+        raise InvalidInputError(f"{source}: no pair column {pair_column!r}; the columns are {names}")
+    return text_column, pair_column
+
+
+def _records(source) -> Iterator[tuple[int, dict]]:
+    """(line or row number for messages, record) pairs."""
+    path = Path(str(source)).expanduser()
+    if path.is_file():
+        if path.suffix not in SUFFIXES:
+            raise InvalidInputError(f"{path} has the suffix {path.suffix!r}; use one of {', '.join(SUFFIXES)}")
+        return {".tsv": _delimited, ".csv": _delimited, ".jsonl": _jsonl, ".parquet": _parquet}[path.suffix](path)
+    if path.suffix in SUFFIXES or str(source).startswith((".", "/", "~")):
+        raise InvalidInputError(f"no data file at {path}")
+    return _hub(str(source))
+
+
+def _delimited(path: Path) -> Iterator[tuple[int, dict]]:
+    csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
+    try:
+        with open(path, encoding="utf-8", newline="") as handle:
+            if path.suffix == ".tsv":  # GLUE style: no quoting; extra fields before the named ones read from the end
+                reader = csv.reader(handle, delimiter="\t", quoting=csv.QUOTE_NONE)
+                header = next(reader, None) or []
+                for row in reader:
+                    if row:
+                        if len(row) > len(header):
+                            row = row[:1] + row[len(row) - len(header) + 1:]
+                        yield reader.line_num, dict(zip(header, row))
+            else:
+                reader = csv.DictReader(handle)
+                for row in reader:
+                    yield reader.line_num, row
+    except UnicodeDecodeError as exc:
+        raise InvalidInputError(f"{path} is not UTF-8 text (an undecodable byte at offset {exc.start})") from None
+
+
+def _jsonl(path: Path) -> Iterator[tuple[int, dict]]:
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            if line.strip():
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise InvalidInputError(f"{path}:{number} is not valid JSON: {exc}") from None
+                if not isinstance(record, dict):
+                    raise InvalidInputError(f"{path}:{number} is not a JSON object")
+                yield number, record
+
+
+def _parquet(path: Path) -> Iterator[tuple[int, dict]]:
+    parquet = _pyarrow_parquet()
+    number = 0
+    for batch in parquet.ParquetFile(path).iter_batches(batch_size=1024):
+        for record in batch.to_pylist():
+            number += 1
+            yield number, record
+
+
+def _hub(source: str) -> Iterator[tuple[int, dict]]:
+    try:
+        import datasets
+    except ImportError:
+        raise ModelLoadError(f"{source!r} is not a file; reading a hub dataset needs `datasets` "
+                             "(pip install 'normx[hub]') and network access") from None
+    name, _, split = source.partition("@")
+    name, _, config = name.partition(":")
+    rows = datasets.load_dataset(name, config or None, split=split or "train", streaming=True)
+    for number, record in enumerate(rows, 1):
+        yield number, dict(record)
+
+
+def _pyarrow_parquet():
+    try:
+        import pyarrow.parquet as parquet
+    except ImportError:
+        raise ModelLoadError("Parquet needs pyarrow: pip install 'normx[attribute]'") from None
+    return parquet

@@ -1,0 +1,239 @@
+"""The explanation pipeline behind ``normx.explain``: check and resolve the arguments (:func:`prepare`), encode and
+batch the texts, attribute each batch (:func:`attribute_batch`: one forward pass), build the results."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import overload
+
+import numpy as np
+
+from normx._torch import torch
+from normx.core.concurrency import using
+from normx.core.forward import Pass
+from normx.core.inputs import Encoded, batches, encode, positive_int, resolve_max_length, text_inputs
+from normx.core.labels import LabelSpace
+from normx.errors import InvalidInputError, LayerOutOfRangeError, PairNotSupportedError, PairRequiredError
+from normx.explanations.result import Explanation
+from normx.methods import Context, Method, get_method
+from normx.models import Adapter, HeadKind, get_adapter, unwrap_model
+
+EMBEDDINGS = ("layer", "word")
+
+
+@overload
+def explain(model, tokenizer, texts: str, method: str = ..., target=..., layer: int | str | Sequence[int] | None = ...,
+            *, text_pair: str | None = ..., foil=..., embedding: str = ..., batch_size: int = ...,
+            truncation: str = ..., max_length: int | None = ..., **options) -> Explanation: ...
+
+
+@overload
+def explain(model, tokenizer, texts: Sequence[str], method: str = ..., target=...,
+            layer: int | str | Sequence[int] | None = ..., *, text_pair: Sequence[str] | None = ..., foil=...,
+            embedding: str = ..., batch_size: int = ..., truncation: str = ..., max_length: int | None = ...,
+            **options) -> list[Explanation]: ...
+
+
+def explain(model, tokenizer, texts: str | Sequence[str], method: str = "normxlogit", target=None,
+            layer: int | str | Sequence[int] | None = None, *, text_pair: str | Sequence[str] | None = None,
+            foil=None, embedding: str = "layer", batch_size: int = 16, truncation: str = "warn",
+            max_length: int | None = None, **options) -> Explanation | list[Explanation]:
+    """Explain the model's prediction on each text.
+
+    Args:
+        model: a transformers model with a supported head (``normx.supported_models()``), PEFT-wrapped or not.
+        tokenizer: its fast tokenizer.
+        texts: one text or a list. A single string returns one :class:`Explanation`, a list returns a list.
+        method: a name from ``normx.list_methods()``.
+        target: the label(s) to explain: ``None`` = the predicted one, a label name or class index, a vocabulary
+            token or id for LM heads, ``"all"`` for every class, or a list of these.
+        layer: ``None`` (the method's default: the last layer; layer 0 for ``l2norm``), an index in ``0..L``
+            (negative counts from the end), ``"all"``, or a list of indices. All come from one forward pass.
+            Gradient methods have no per-layer scores: leave it ``None`` (their result has layer 0).
+        text_pair: second texts for sentence-pair models (NLI, STS-B), one per text.
+        foil: a label to subtract: scores become score(target) - score(foil) (contrastive explanations).
+        embedding: x^0 for the norm: ``"layer"`` = the embedding layer's output (hidden_states[0]; default) or
+            ``"word"`` = the raw word embedding.
+        batch_size: texts per forward pass.
+        truncation: ``"warn"`` truncates over-length inputs and records a warning; ``"error"`` raises.
+        max_length: input length cap in tokens (1 .. what the model takes); default: what the model and tokenizer
+            accept.
+        **options: the method's own options (``normx.methods.registry.get_method(name).options`` has them with their
+            defaults), e.g. ``n_steps=300`` for ``integrated_gradients``; recorded in ``settings``.
+
+    Thread-safe: several threads may explain with one model at once, with any methods; each gets what it would
+    get alone, and the model is left as it was (:mod:`normx.core.concurrency`).
+    """
+    single = isinstance(texts, str)
+    texts, pairs = text_inputs(texts, text_pair)
+    positive_int(batch_size, "batch_size")
+    plan = prepare(model, tokenizer, method, target, layer, foil=foil, embedding=embedding, pair=pairs is not None,
+                   **options)
+    base, adapter = plan.base, plan.adapter
+    limit = resolve_max_length(max_length, tokenizer, base)
+    encoded = encode(tokenizer, texts, pairs, limit, truncation)
+    if adapter.kind is HeadKind.MASKED_LM and tokenizer.mask_token_id is None:
+        raise InvalidInputError(f"{type(base).__name__} has a masked-LM head but its tokenizer has no mask token")
+    settings = {"method": plan.method.name, "target": target, "foil": foil, "layer": layer, "embedding": embedding,
+                **model_settings(model), "max_length": limit, "label_dependent": plan.method.label_dependent,
+                **plan.options}
+    results: list[Explanation] = []
+    for items, inputs in batches(encoded, batch_size, tokenizer, adapter, next(base.parameters()).device):
+        out = attribute_batch(plan, inputs)
+        scores = out.scores.cpu().numpy()
+        logits = out.logits
+        diagnostics = {name: value.float().cpu() for name, value in out.diagnostics.items()}
+        mask = inputs["attention_mask"].bool().cpu().numpy()
+        pooled = out.pooled.tolist()
+        columns = out.columns.tolist()
+        for row, item in enumerate(items):
+            keep = np.flatnonzero(mask[row])
+            results.append(_explanation(item, scores[row][:, :, keep], columns[row], logits[row], plan, settings,
+                                        int(pooled[row] - keep[0]),
+                                        {name: value[row].tolist() for name, value in diagnostics.items()}))
+    return results[0] if single else results
+
+
+# ---- the attribution computation on an encoded batch ------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Plan:
+    """What :func:`explain` resolves once per call, before any text is encoded: the model's adapter and label
+    space, the method with its options, the target / foil columns and the layers."""
+
+    model: torch.nn.Module  # as given (PEFT-wrapped or not)
+    base: torch.nn.Module  # the transformers model inside
+    adapter: Adapter
+    method: Method
+    options: dict
+    labels: LabelSpace
+    target_columns: list[int] | None  # None: the predicted label
+    foil_column: int | None
+    layers: list[int]
+    embedding: str
+    mask_token_id: int | None
+    reads: tuple[int, ...] = ()  # every layer the method's scores read, ``layers`` included (``Method.capture``)
+
+
+@dataclass
+class BatchAttribution:
+    """The result of :func:`attribute_batch` for one padded batch of B rows and T positions (tensors on the
+    model's device)."""
+
+    scores: torch.Tensor  # [B, K, layers, T] float32, padding positions included
+    logits: torch.Tensor  # [B, C] float32: the model's prediction
+    columns: torch.Tensor  # [B, K] the explained columns
+    pooled: torch.Tensor  # [B] the pooled position of each row
+    diagnostics: dict[str, torch.Tensor]  # per-row [B, K] values the method reports
+
+
+def prepare(model, tokenizer, method: str = "normxlogit", target=None, layer=None, *, foil=None,
+            embedding: str = "layer", pair: bool = False, **options) -> Plan:
+    """Check and resolve :func:`explain`'s arguments (same meaning; ``pair``: text pairs will be given) into a
+    :class:`Plan` for :func:`attribute_batch`."""
+    chosen = get_method(method)
+    options = chosen.resolve_options(options)
+    if embedding not in EMBEDDINGS:
+        raise InvalidInputError(f"embedding={embedding!r} is not allowed; use one of {EMBEDDINGS}")
+    base = unwrap_model(model)
+    adapter = get_adapter(model)
+    if pair and (adapter.kind is not HeadKind.SEQUENCE_CLASSIFICATION
+                 or getattr(base.config, "normx_inputs", "pair") == "single"):
+        raise PairNotSupportedError(
+            f"text_pair was given, but {type(base).__name__} takes single texts; drop the pair or use a "
+            "sentence-pair model (NLI, STS-B)"
+        )
+    if not pair and getattr(base.config, "normx_inputs", None) == "pair":
+        raise PairRequiredError(
+            "this model was trained on sentence pairs (its config says normx_inputs='pair'): give the second "
+            "text of each pair with text_pair= (CLI: --pair); one text alone gets a meaningless prediction")
+    labels = LabelSpace(adapter.kind, base.config, tokenizer)
+    target_columns = labels.resolve_many(target, "target")
+    foil_column = None if foil is None else labels.resolve(foil, "foil")
+    num_layers = adapter.num_layers(base)
+    if chosen.layered:
+        layers = parse_layers(layer, num_layers, chosen.default_layer)
+    elif layer is not None:
+        raise InvalidInputError(f"method {chosen.name!r} attributes to the input embeddings and has no per-layer "
+                                f"scores; leave layer unset (got layer={layer!r})")
+    else:
+        layers = [0]
+    return Plan(model, base, adapter, chosen, options, labels, target_columns, foil_column, layers, embedding,
+                tokenizer.mask_token_id, tuple(chosen.capture(layers, num_layers, options)))
+
+
+def attribute_batch(plan: Plan, inputs: dict[str, torch.Tensor]) -> BatchAttribution:
+    """One batch of :func:`explain` without the tokenising and the result objects: ``inputs`` as
+    :func:`normx.core.inputs.collate` makes them (``input_ids``, ``attention_mask``, the tokenizer's extra inputs,
+    decoders' ``position_ids``), on the model's device. Runs in eval mode, holding the model shared
+    (:func:`normx.core.concurrency.using`): safe to call from several threads on one model."""
+    ids = inputs["input_ids"]
+    foil = None if plan.foil_column is None else torch.full(ids.shape[:1], plan.foil_column, device=ids.device)
+    with using(plan.model), torch.no_grad():
+        run = Pass(plan.base, plan.adapter, inputs, plan.layers, plan.embedding, mask_token_id=plan.mask_token_id,
+                   reads=plan.reads)
+        if plan.method.predicts:  # its own forward pass makes the prediction (ctx.predict)
+            ctx = Context(run.locate(), plan.labels, None, foil, options=plan.options,
+                          select=lambda logits: plan.labels.target_columns(logits, plan.target_columns))
+            scores = plan.method.compute(ctx).float()
+            if ctx.logits is None:
+                raise RuntimeError(f"method {plan.method.name!r} has predicts=True but never called ctx.predict()")
+            logits, columns = ctx.logits, ctx.columns
+        else:
+            run.run()
+            logits = run.pooled_logits().float()
+            columns = plan.labels.target_columns(logits, plan.target_columns)
+            ctx = Context(run, plan.labels, columns, foil, options=plan.options, logits=logits)
+            scores = plan.method.compute(ctx).float()
+    return BatchAttribution(scores, logits, columns, run.pooled, ctx.diagnostics)
+
+
+def parse_layers(layer, num_layers: int, default: str) -> list[int]:
+    """A layer spec -> sorted list of layer indices in 0..num_layers."""
+    if layer is None:
+        return [num_layers if default == "last" else 0]
+    if isinstance(layer, str):
+        if layer == "all":
+            return list(range(num_layers + 1))
+        if layer.strip().lstrip("-").isdigit():
+            layer = int(layer)
+        else:
+            raise LayerOutOfRangeError(f"layer={layer!r} is not allowed; use an integer in 0..{num_layers}, "
+                                       "a list of them, 'all' or None")
+    values = list(layer) if isinstance(layer, (list, tuple, range)) else [layer]
+    if not values:
+        raise LayerOutOfRangeError("layer is an empty list; give at least one layer index")
+    out = []
+    for value in values:
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise LayerOutOfRangeError(f"layer {value!r} is not an integer; layers are 0..{num_layers}")
+        if not -(num_layers + 1) <= value <= num_layers:
+            raise LayerOutOfRangeError(
+                f"layer {value} is out of range: this model has {num_layers} layers, so layers are 0 (embedding "
+                f"output) ..{num_layers} (last block), or -1..-{num_layers + 1} counting from the end"
+            )
+        out.append(int(value) % (num_layers + 1))
+    return sorted(set(out))
+
+
+def model_settings(model) -> dict:
+    """What a result records of the model: its class, whether PEFT wraps it, its dtype and device."""
+    base = unwrap_model(model)
+    param = next(base.parameters(), None)
+    return {"model_class": type(base).__name__, "peft": base is not model,
+            "dtype": None if param is None else str(param.dtype).replace("torch.", ""),
+            "device": None if param is None else str(param.device)}
+
+
+def _explanation(item: Encoded, scores: np.ndarray, columns: list[int], logits: torch.Tensor, plan: Plan,
+                 settings: dict, pooled: int, diagnostics: dict) -> Explanation:
+    labels = plan.labels
+    prediction, probabilities = labels.prediction(logits, columns)
+    return Explanation(
+        text=item.text, text_pair=item.text_pair, tokens=item.tokens, offsets=item.offsets, segments=item.segments,
+        special=item.special, scores=scores, labels=[labels.name(c) for c in columns], layers=list(plan.layers),
+        prediction=prediction, probabilities=probabilities, method=plan.method.name, settings=settings,
+        warnings=list(item.warnings), diagnostics=diagnostics, kind=plan.adapter.kind.value,
+        regression=labels.regression, family=plan.adapter.family, pooled=pooled,
+    )

@@ -1,0 +1,24 @@
+"""Attribution methods: the registry (:mod:`~normx.methods.registry`: what a method is, its options, the context it
+computes from) and the built-in methods, which register themselves on import: the head-on-top methods (NormXLogit,
+LogAt, ℓ2; :mod:`~normx.methods.headontop`) and their experimental variants, the gradient methods, the random
+baselines, DecompX and the context-mixing methods (GlobEnc, ALTI, Value Zeroing).
+
+Layer 3: imports ``normx.core`` and ``normx.models``; ``normx.explanations`` runs the methods by name.
+"""
+
+from normx.methods import baselines, decompx, gradients, headontop, mixing, variants  # noqa: F401 (registration)
+from normx.methods.registry import (
+    RESERVED_OPTIONS,
+    Context,
+    Method,
+    Option,
+    describe_methods,
+    display_name,
+    get_method,
+    list_methods,
+    methods_for,
+    register_method,
+)
+
+__all__ = ["RESERVED_OPTIONS", "Context", "Method", "Option", "describe_methods", "display_name", "get_method",
+           "list_methods", "methods_for", "register_method"]

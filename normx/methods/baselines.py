@@ -1,0 +1,50 @@
+"""Random baselines: seeded uniform scores per position (``random``) or per token type (``random_types``), the same
+for a text in any batch, at any position, on any device."""
+
+from __future__ import annotations
+
+import hashlib
+
+from normx._torch import torch
+from normx.methods.registry import Context, Method, Option, register_method
+
+
+def _seeded_scores(ctx: Context, salt: str, draw) -> torch.Tensor:
+    """Scores of each text's real tokens from ``draw(token ids, generator)``, the generator seeded by (salt, seed,
+    the text's token ids): the same text gets the same scores in any batch, at any position, on any device."""
+    ids, mask = ctx.run.inputs["input_ids"].cpu(), ctx.run.inputs["attention_mask"].bool().cpu()
+    scores = torch.zeros(ids.shape, dtype=torch.float32)
+    for row in range(ids.shape[0]):
+        tokens = ids[row][mask[row]].tolist()
+        digest = hashlib.sha256(f"{salt}:{ctx.options['seed']}:{tokens}".encode()).digest()
+        generator = torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
+        scores[row, mask[row]] = draw(tokens, generator)
+    return ctx.expand(scores[:, None])
+
+
+def _random(ctx: Context) -> torch.Tensor:
+    """Uniform [0, 1) scores, one per position."""
+    return _seeded_scores(ctx, "normx-random", lambda tokens, generator: torch.rand(len(tokens), generator=generator))
+
+
+def _random_types(ctx: Context) -> torch.Tensor:
+    """Uniform [0, 1) scores per vocabulary id: every occurrence of a token in a text (in both texts of a pair)
+    gets the same score, so a random ranking removes a word wherever it occurs."""
+    def draw(tokens, generator):
+        kinds = sorted(set(tokens))
+        values = dict(zip(kinds, torch.rand(len(kinds), generator=generator).tolist()))
+        return torch.tensor([values[t] for t in tokens])
+
+    return _seeded_scores(ctx, "normx-random-types", draw)
+
+
+
+
+register_method(Method(
+    "random_types", _random_types,
+    "Random baseline per token type: every occurrence of a vocabulary id in a text (or pair) gets the same seeded "
+    "uniform score; on sentence pairs it removes shared words from both sentences at once",
+    display="Random (per type)", label_dependent=False, layered=False, options=[Option("seed", 0, "the seed", int)]))
+register_method(Method(
+    "random", _random, "Random baseline: uniform [0, 1) scores, seeded by (seed, text); label-independent",
+    display="Random", label_dependent=False, layered=False, options=[Option("seed", 0, "the seed", int)]))

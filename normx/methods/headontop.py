@@ -1,0 +1,57 @@
+"""The head-on-top methods: NormXLogit, LogAt and the l2-norm baseline (one forward pass, no backward pass), and
+LogAt's arithmetic, which the variants (:mod:`normx.methods.variants`) read too.
+
+LogAt runs the model's own head on every token's representation x_i^l as if it were the pooled token and reads the
+target's output (minus the foil's); on a regression head it is ``|HoT(x_i^l) - HoT(pooled^l)|``. NormXLogit is
+``||x_i^0|| x LogAt(x_i^l)``.
+"""
+
+from __future__ import annotations
+
+from normx._torch import torch
+from normx.methods.registry import Context, Method, register_method
+
+
+def logat_at(ctx: Context, layer: int) -> torch.Tensor:
+    """LogAt scores [B, K, T] at one captured layer for the context's target columns (minus its foil)."""
+    run = ctx.run
+    hidden = run.head_input(layer)
+    if ctx.labels.regression:
+        rows = torch.arange(ctx.columns.shape[0], device=ctx.columns.device)
+        out = run.head(hidden).float()  # [B, T, 1]
+        pooled = out[rows, run.pooled]  # HoT(CLS) at the same layer
+        return (out - pooled[:, None, :]).abs().permute(0, 2, 1)
+    wanted = ctx.labels.head_columns(ctx.columns, ctx.foil)
+    out = run.head(hidden, wanted.vocab).float()  # [B, T, C], or [B, T, U] at the needed vocabulary columns only
+    scores = torch.gather(out, 2, wanted.targets[:, None, :].expand(-1, out.shape[1], -1))  # [B, T, K]
+    if wanted.foil is not None:
+        scores = scores - torch.gather(out, 2, wanted.foil[:, None, None].expand(-1, out.shape[1], 1))
+    return scores.permute(0, 2, 1)  # [B, K, T]
+
+
+def logat(ctx: Context) -> torch.Tensor:
+    """LogAt scores [B, K, layers, T] at the context's layers."""
+    return torch.stack([logat_at(ctx, layer) for layer in ctx.run.layers], dim=2)
+
+
+def _normxlogit(ctx: Context) -> torch.Tensor:
+    return ctx.run.input_norm[:, None, None, :] * logat(ctx)
+
+
+def _l2norm(ctx: Context) -> torch.Tensor:
+    return ctx.expand(ctx.run.hidden_norms())
+
+
+register_method(Method(
+    "normxlogit", _normxlogit,
+    "NormXLogit: ||x_i^0|| x LogAt(x_i^l); the input norm times the head's logit for the label on each token",
+    display="NormXLogit", regression_distance=True))
+register_method(Method(
+    "logat", logat,
+    "LogAt: the head-on-top run on each token's layer-l representation, read at the label (|difference from "
+    "the pooled token| for regression)",
+    display="LogAt", regression_distance=True, foil_curve=True))
+register_method(Method(
+    "l2norm", _l2norm,
+    "l2 norm of each token's representation (default layer 0, the input embedding); label-independent",
+    display="ℓ2 norm", default_layer="input", label_dependent=False))

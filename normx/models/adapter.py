@@ -1,0 +1,144 @@
+"""What an adapter is: where a model family keeps its embeddings, blocks, final norm and head-on-top."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+from typing import TYPE_CHECKING, Any, Literal
+
+from normx._torch import torch
+from normx.errors import InvalidInputError
+from normx.models.encoder import BlockLayout
+from normx.models.modules import ModuleRef, resolve
+
+if TYPE_CHECKING:  # torch is imported by the functions that run models, not on import (instant `normx supported`)
+    from torch import nn
+
+Pooling = Literal["first", "last", "mask"]
+HeadFn = "Callable[[nn.Module, torch.Tensor, torch.Tensor | None], torch.Tensor]"
+
+
+class HeadKind(str, Enum):
+    """The kind of head-on-top a model has. A ``str`` enum: it compares equal to its value and reads as it in JSON
+    and messages."""
+
+    SEQUENCE_CLASSIFICATION = "sequence_classification"
+    MASKED_LM = "masked_lm"
+    CAUSAL_LM = "causal_lm"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def vocabulary(self) -> bool:
+        """Its outputs are the vocabulary (masked- and causal-LM heads), not named classes."""
+        return self is not HeadKind.SEQUENCE_CLASSIFICATION
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """How normx reaches into one model family.
+
+    Module references are dotted attribute paths from the (PEFT-unwrapped) model, e.g. ``"bert.encoder.layer"``,
+    or functions ``model -> module``.
+
+    - ``embeddings``: the module whose output is x^0, i.e. ``hidden_states[0]`` of ``output_hidden_states``.
+    - ``blocks``: the module list of transformer blocks; block l's output is x^(l+1).
+    - ``final_norm``: decoders only: the norm the model applies before its head (also applied to every x^l
+      before the head is run on it).
+    - ``head(model, h, columns)``: the head-on-top applied to token representations ``h`` of shape [N, hidden]
+      as if each were the pooled token; returns [N, C]. For LM heads ``columns`` (a LongTensor of vocabulary
+      ids) selects the output columns; ``None`` means all of them.
+    - ``pooling``: the position whose head output is the model's prediction: ``"first"`` ([CLS]), ``"last"``
+      (last non-padding token: decoders) or ``"mask"`` (the mask token, for masked-LM heads).
+    - ``reserved_positions(config)``: position-table rows the model keeps for itself (RoBERTa-style tables
+      reserve ``padding_idx + 1``), so the longest input is the table's size minus these.
+    - ``encoder_block``: for post-LayerNorm BERT-style encoders, where a block keeps its parts
+      (:class:`~normx.models.encoder.BlockLayout`): what GlobEnc, ALTI, Value Zeroing and DecompX read.
+    - ``head_steps(model)``: the head-on-top as decomposable steps (:class:`~normx.models.encoder.Step`), for
+      DecompX.
+    """
+
+    family: str
+    kind: HeadKind  # given as a HeadKind or its value
+    embeddings: ModuleRef
+    blocks: ModuleRef
+    head: HeadFn
+    pooling: Pooling
+    final_norm: ModuleRef | None = None
+    word_embeddings: ModuleRef | None = None
+    reserved_positions: Callable[[Any], int] | None = None
+    encoder_block: BlockLayout | None = None
+    head_steps: Callable[[nn.Module], list] | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "kind", HeadKind(self.kind))
+
+    @property
+    def decoder(self) -> bool:
+        """A left-to-right decoder: pools the last token, pads on the tokenizer's side, gets position ids."""
+        return self.pooling == "last"
+
+    @property
+    def forward_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments normx adds to the backbone's forward (decoders: no key-value cache)."""
+        return {"use_cache": False} if self.decoder else {}
+
+    def padding_side(self, tokenizer) -> str:
+        """Decoders pad where their tokenizer pads (position ids skip the padding); encoders on the right."""
+        return getattr(tokenizer, "padding_side", "right") if self.decoder else "right"
+
+    def max_positions(self, config) -> int | None:
+        """The longest input the model's position table takes, or None if it has no limit in its config."""
+        for attr in ("max_position_embeddings", "n_positions"):
+            value = getattr(config, attr, None)
+            if isinstance(value, int) and value > 0:
+                return value - (self.reserved_positions(config) if self.reserved_positions is not None else 0)
+        return None
+
+    def module(self, model: nn.Module, ref: ModuleRef) -> nn.Module:
+        return resolve(model, ref)
+
+    def embedding_module(self, model: nn.Module, which: str = "layer") -> nn.Module:
+        if which == "word":
+            if self.word_embeddings is not None:
+                return resolve(model, self.word_embeddings)
+            return model.get_input_embeddings()
+        return resolve(model, self.embeddings)
+
+    def block_modules(self, model: nn.Module) -> list[nn.Module]:
+        return list(resolve(model, self.blocks))
+
+    def norm_module(self, model: nn.Module) -> nn.Module | None:
+        return None if self.final_norm is None else resolve(model, self.final_norm)
+
+    def num_layers(self, model: nn.Module) -> int:
+        return len(self.block_modules(model))
+
+    def pooled_positions(self, config, inputs: dict[str, torch.Tensor], mask_token_id: int | None = None
+                         ) -> torch.Tensor:
+        """[B] the position whose head output is the model's prediction, in a padded batch: the first real token
+        (``"first"``), the last (``"last"``; a decoder classifier skips trailing pad tokens, as transformers does),
+        or the first mask token (``"mask"``; :class:`InvalidInputError` for a row without one)."""
+        mask = inputs["attention_mask"]
+        positions = torch.arange(mask.shape[1], device=mask.device)
+        if self.pooling == "first":
+            return (mask * (mask.shape[1] - positions)).argmax(-1)  # first non-padding position
+        if self.pooling == "last":
+            keep = mask
+            pad = getattr(config, "pad_token_id", None)
+            if self.kind is HeadKind.SEQUENCE_CLASSIFICATION and pad is not None:
+                # as transformers' decoder classifiers: the last token that is not the pad token (a trailing
+                # </s> that doubles as pad token is skipped)
+                not_pad = mask * (inputs["input_ids"] != pad)
+                keep = torch.where(not_pad.any(-1, keepdim=True), not_pad, mask)
+            return (keep * positions).argmax(-1)  # last non-padding position
+        found = (inputs["input_ids"] == mask_token_id) & mask.bool()
+        missing = (~found.any(-1)).nonzero().flatten().tolist()
+        if missing:
+            raise InvalidInputError(
+                f"a masked-LM head explains the prediction at the mask token, but text(s) {missing} of this batch "
+                "contain no mask token; put the tokenizer's mask token where the word to predict goes"
+            )
+        return found.int().argmax(-1)  # the first mask token

@@ -1,0 +1,176 @@
+"""``normx.load_model``: a model with its head and a fast tokenizer, from a folder, a hub id or a PEFT adapter."""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+
+import transformers
+from safetensors import SafetensorError
+
+from normx.errors import ModelLoadError, UnsupportedModelError
+from normx.models.registry import supported_models
+
+TASKS = {
+    "sequence-classification": "AutoModelForSequenceClassification",
+    "masked-lm": "AutoModelForMaskedLM",
+    "causal-lm": "AutoModelForCausalLM",
+}
+_PEFT_TASKS = {"SEQ_CLS": "sequence-classification", "CAUSAL_LM": "causal-lm"}
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "spiece.model")
+
+
+class HubUnreachableError(ModelLoadError):
+    """A name that is neither a local folder nor in the Hugging Face cache, with the hub out of reach."""
+
+    def __init__(self, source: str, detail: str):
+        super().__init__(f"{source!r} is {detail}")
+        self.source, self.detail = source, detail
+
+
+def load_pretrained(name_or_path: str | Path, *, task: str | None = None, dtype=None, device=None, **kwargs):
+    """Load ``(model, tokenizer)``, ready for :func:`normx.explain` (eval mode).
+
+    ``name_or_path``: a local model folder, a PEFT adapter folder (``adapter_config.json``; its base is loaded the
+    same way) or a Hugging Face hub id (needs network); :func:`normx.load_model` also takes the offline presets.
+    ``task`` (``"sequence-classification"``, ``"masked-lm"``, ``"causal-lm"``) picks the head when the folder's
+    ``architectures`` has none normx supports, e.g. a bare encoder to be given a fresh head. Other keyword
+    arguments (``num_labels``, ``gguf_file``, ``revision``...) go to ``from_pretrained``.
+    """
+    if task is not None and task not in TASKS:
+        raise ModelLoadError(f"task={task!r} is not known; use one of {sorted(TASKS)}")
+    refuse_remote_code(kwargs)
+    kwargs["trust_remote_code"] = False  # never run code from a model folder or hub repository, never ask
+    source = str(name_or_path)
+    path = Path(source).expanduser()
+    if _looks_local(source) and not path.exists():
+        raise ModelLoadError(f"no model folder at {path}; give an existing folder or a hub id")
+    if not path.exists():
+        _check_hub_id(source)
+    if dtype is not None:
+        kwargs["dtype"] = dtype
+    if (path / "adapter_config.json").is_file():
+        model, tokenizer = _load_peft(path, task, kwargs)
+    else:
+        model = _load_transformers(source, task, kwargs)
+        tokenizer = _load_tokenizer(source, kwargs)
+    return ready(model, tokenizer, device)
+
+
+def refuse_remote_code(kwargs: dict) -> None:
+    if kwargs.get("trust_remote_code"):
+        raise ModelLoadError("trust_remote_code=True is not allowed: normx explains transformers' built-in "
+                             "architectures only (normx.supported_models()), and never runs a model folder's own code")
+
+
+def _check_hub_id(source: str) -> None:
+    """A hub id must be in the local Hugging Face cache or the hub must be reachable: otherwise fail at once, with
+    the presets (transformers would retry for half a minute before saying it cannot connect)."""
+    try:
+        transformers.AutoConfig.from_pretrained(source, local_files_only=True, trust_remote_code=False)
+        return  # cached
+    except (OSError, ValueError):
+        pass
+    if not _hub_reachable():
+        raise HubUnreachableError(source, "not a local folder and not in the Hugging Face cache, and the hub cannot "
+                                          "be reached from here to download it")
+
+
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether a TCP connection to the hub endpoint opens within ``timeout`` ($HF_HUB_OFFLINE=1: never tried)."""
+    import os
+    import socket
+    from urllib.parse import urlparse
+
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+        return False
+    endpoint = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    try:
+        socket.create_connection((endpoint.hostname, endpoint.port or 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def ready(model, tokenizer, device=None):
+    """``(model, tokenizer)`` made ready to explain: a pad token for batching, on ``device``, in eval mode."""
+    _ensure_pad(model, tokenizer)
+    if device is not None:
+        model.to(device)
+    model.eval()
+    return model, tokenizer
+
+
+def _looks_local(source: str) -> bool:
+    return source.startswith((".", "/", "~")) or Path(source).exists() or source.count("/") > 1
+
+
+def _model_class(config, task: str | None, source: str):
+    supported = supported_models()
+    if task is not None:
+        return getattr(transformers, TASKS[task])
+    for arch in getattr(config, "architectures", None) or []:
+        if arch in supported:
+            return getattr(transformers, arch)
+    raise UnsupportedModelError(
+        f"{source} declares architectures {getattr(config, 'architectures', None)}, none of which has a head normx "
+        f"supports ({', '.join(supported)}). Pass task= one of {sorted(TASKS)} to load it with that head "
+        "(a new head is randomly initialised and must be trained before its explanations mean anything)."
+    )
+
+
+def _load_transformers(source: str, task: str | None, kwargs: dict):
+    config_kwargs = {k: v for k, v in kwargs.items() if k in ("gguf_file", "revision", "trust_remote_code",
+                                                               "cache_dir", "token", "local_files_only")}
+    try:
+        config = kwargs.get("config") or transformers.AutoConfig.from_pretrained(source, **config_kwargs)
+        cls = _model_class(config, task, source)
+        return cls.from_pretrained(source, **kwargs)
+    except (OSError, ValueError) as exc:
+        if isinstance(exc, UnsupportedModelError):
+            raise
+        raise ModelLoadError(f"could not load a model from {source!r}: {exc}. A hub id needs network access "
+                             "(the hub is unreachable offline); a local folder needs config.json and weights.") from exc
+    except pickle.UnpicklingError as exc:  # a pickled checkpoint that the safe (weights-only) load refuses
+        raise ModelLoadError(f"could not load a model from {source!r}: its pickled weights failed the safe load "
+                             f"(only tensors are allowed, no code): {str(exc).splitlines()[0]}") from None
+    except SafetensorError as exc:
+        raise ModelLoadError(f"could not load a model from {source!r}: its safetensors weights are damaged ({exc})"
+                             ) from None
+
+
+def _load_tokenizer(source: str, kwargs: dict):
+    tok_kwargs = {k: v for k, v in kwargs.items() if k in ("gguf_file", "revision", "cache_dir", "token",
+                                                            "local_files_only", "trust_remote_code")}
+    try:
+        return transformers.AutoTokenizer.from_pretrained(source, **tok_kwargs)
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"could not load a tokenizer from {source!r}: {exc}") from exc
+
+
+def _load_peft(path: Path, task: str | None, kwargs: dict):
+    from peft import PeftModel
+
+    adapter_config = json.loads((path / "adapter_config.json").read_text())
+    base_source = adapter_config.get("base_model_name_or_path")
+    if not base_source:
+        raise ModelLoadError(f"{path / 'adapter_config.json'} names no base_model_name_or_path")
+    task = task or _PEFT_TASKS.get(adapter_config.get("task_type"))
+    if (path / "config.json").is_file() and "config" not in kwargs:
+        # the task model's config (labels, pad token) saved beside the adapter
+        kwargs["config"] = transformers.AutoConfig.from_pretrained(path, trust_remote_code=False)
+    base = _load_transformers(base_source, task, kwargs)
+    model = PeftModel.from_pretrained(base, str(path))
+    has_tokenizer = any((path / name).is_file() for name in _TOKENIZER_FILES)
+    tokenizer = _load_tokenizer(str(path) if has_tokenizer else base_source, {} if has_tokenizer else kwargs)
+    return model, tokenizer
+
+
+def _ensure_pad(model, tokenizer) -> None:
+    """Decoders often have no pad token; batching needs one (the EOS token is used, and told to the model)."""
+    if tokenizer.pad_token_id is None and tokenizer.eos_token is not None:
+        tokenizer.pad_token = tokenizer.eos_token
+    config = model.config
+    if getattr(config, "pad_token_id", None) is None and tokenizer.pad_token_id is not None:
+        config.pad_token_id = tokenizer.pad_token_id

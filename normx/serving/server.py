@@ -1,0 +1,239 @@
+"""Serving explanations to visitors: which models a server may load (locked mode), the work budget, and a
+thread-safe cache of loaded models. Used by the demo; any server over ``normx.explain`` can use it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+
+from normx import errors
+
+log = logging.getLogger("normx.demo")
+
+LOCKED_ENV = "NORMX_DEMO_LOCKED"  # "1": locked mode (only the allow-list loads); also on when $SPACE_ID is set
+MODELS_ENV = "NORMX_DEMO_MODELS"  # comma-separated allow-list for locked mode (default: the presets that load)
+BUDGET_ENV = "NORMX_DEMO_BUDGET_GFLOP"  # the work one request may take (normx.serving.budget); default BUDGET_GFLOP
+BUDGET_GFLOP = 1500.0  # ~10 s of work on a 2-core CPU (MiniLM: Value Zeroing on ~220 tokens, IG x50 on ~450)
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def _truthy(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def is_locked(locked: bool | None = None) -> bool:
+    """Locked mode: the argument if given, else $NORMX_DEMO_LOCKED, else on when running on Spaces ($SPACE_ID)."""
+    if locked is not None:
+        return bool(locked)
+    if os.environ.get(LOCKED_ENV) is not None:
+        return _truthy(os.environ.get(LOCKED_ENV))
+    return bool(os.environ.get("SPACE_ID"))
+
+
+def resolve_locked(locked: bool | None, host: str | None) -> bool:
+    """Whether the demo serves locked: as asked (``--locked`` / ``--unlocked``, $NORMX_DEMO_LOCKED, Spaces); if
+    nothing was asked, unlocked (any folder or hub id loads) only when the server listens on loopback, since an
+    unlocked page lets anyone who reaches it load files of the server's disk."""
+    if locked is None and (os.environ.get(LOCKED_ENV) is not None or os.environ.get("SPACE_ID")):
+        locked = is_locked()
+    address = (host or "127.0.0.1").strip("[]")
+    loopback = address in LOOPBACK or address.startswith("127.")
+    if locked is None:
+        if not loopback:
+            log.warning("serving on %s, not loopback: locked mode (only the allow-list loads); pass --unlocked to "
+                        "let visitors load any local folder or hub id", address)
+        return not loopback
+    if not locked and not loopback:
+        log.warning("UNLOCKED on %s: anyone who reaches this server can make it load any model folder on its disk "
+                    "or any hub id", address)
+    return locked
+
+
+def budget_gflop(value: float | None = None) -> float:
+    """The per-request work budget: ``value``, else $NORMX_DEMO_BUDGET_GFLOP, else :data:`BUDGET_GFLOP`."""
+    if value is None:
+        env = os.environ.get(BUDGET_ENV)
+        try:
+            value = float(env) if env else BUDGET_GFLOP
+        except ValueError:
+            raise errors.InvalidInputError(f"${BUDGET_ENV}={env!r} is not a number of GFLOP") from None
+    if not value > 0:
+        raise errors.InvalidInputError(f"the work budget must be a positive number of GFLOP, got {value!r}")
+    return float(value)
+
+
+def available_presets() -> list[str]:
+    """The offline presets that can load here: base package installed, trained adapter present (if it has one)."""
+    import importlib.util
+
+    from normx.zoo.presets import PRESETS
+
+    out = []
+    for name, preset in PRESETS.items():
+        if importlib.util.find_spec(preset.package.replace("-", "_")) is None:
+            continue
+        if preset.recipe is not None and preset.metrics() is None:  # training writes metrics.json last
+            continue
+        out.append(name)
+    return out
+
+
+def allowed_models(models: Sequence[str] | None = None) -> list[str]:
+    """The locked-mode allow-list: ``models``, else $NORMX_DEMO_MODELS, else the presets that can load here."""
+    if models is None:
+        env = os.environ.get(MODELS_ENV, "")
+        models = [m.strip() for m in env.split(",") if m.strip()] or available_presets()
+    return list(dict.fromkeys(models))
+
+
+class ModelCache:
+    """``(model, tokenizer)`` per model name, loaded once with ``loader`` (``normx.load_model``) and kept.
+
+    In locked mode only names in ``allowed`` load. At most ``max_models`` stay loaded (least recently used goes
+    first). Failures are not cached: a fixed folder loads on retry. Loads of different models run in parallel;
+    two requests for the same model wait for one load.
+    """
+
+    def __init__(self, loader: Callable | None = None, *, locked: bool = False, allowed: Sequence[str] = (),
+                 max_models: int = 6):
+        self.loader = loader
+        self.locked = locked
+        self.allowed = list(allowed)
+        self.max_models = max_models
+        self.loads: dict[str, int] = {}  # name -> number of loads (tests check that it stays 1)
+        self._models: OrderedDict[str, tuple] = OrderedDict()
+        self._lock = threading.Lock()  # guards the dicts
+        self._loading: dict[str, threading.Lock] = {}  # one lock per name, held while that model loads
+
+    def peek(self, name: str):
+        """``(model, tokenizer)`` if ``name`` is loaded, else None (never loads)."""
+        with self._lock:
+            return self._models.get((name or "").strip())
+
+    def preload(self, name: str) -> None:
+        """Load ``name`` in a background thread, so that the first request is quicker; a failure is logged and
+        shown again, as a message, when a request asks for the model."""
+        def load():
+            try:
+                self.get(name)
+            except Exception as exc:
+                log.warning("could not preload %s: %s", name, exc)
+
+        threading.Thread(target=load, daemon=True).start()
+
+    def put(self, name: str, model, tokenizer) -> None:
+        """Register an already loaded model under ``name`` (tests, or a host app that loads its own)."""
+        with self._lock:
+            self._models[name] = (model, tokenizer)
+
+    def check(self, name: str) -> str:
+        name = (name or "").strip()
+        if not name:
+            raise errors.ModelLoadError("no model chosen: pick a preset or give a model folder")
+        if self.locked and name not in self.allowed and name not in self._models:
+            raise errors.ModelLoadError(f"model {name!r} is not available in this demo; choose one of: "
+                                       f"{', '.join(self.allowed)}")
+        return name
+
+    def get(self, name: str):
+        name = self.check(name)
+        with self._lock:
+            if name in self._models:
+                self._models.move_to_end(name)
+                return self._models[name]
+            loading = self._loading.setdefault(name, threading.Lock())
+        with loading:
+            with self._lock:
+                if name in self._models:  # loaded by the request we waited for
+                    return self._models[name]
+            log.info("loading model %s", name)
+            loaded = (self.loader or _load_model)(name)
+            with self._lock:
+                self._models[name] = loaded
+                self.loads[name] = self.loads.get(name, 0) + 1
+                while len(self._models) > self.max_models:
+                    self._models.popitem(last=False)
+            return loaded
+
+
+def default_model_name(given: str | None, locked: bool, allowed: Sequence[str], default: str) -> str:
+    """The model selected at start: ``given``, else ``default`` unless locked mode does not allow it."""
+    if given:
+        return given
+    return allowed[0] if locked and allowed and default not in allowed else default
+
+
+def examples(models: Sequence[str]) -> list[list[str]]:
+    """(model, text, second text) example inputs of the presets among ``models``."""
+    from normx.zoo.presets import PRESETS
+
+    return [[name, text, pair] for name in models if name in PRESETS for text, pair in PRESETS[name].examples]
+
+
+def input_fields(name: str, locked: bool) -> tuple[bool, bool, str]:
+    """What the page asks for with this model: (second text box?, continuation steps?, a note in Markdown)."""
+    info = preset_info(name)
+    note = info["description"] or ("" if locked else "a local folder, PEFT adapter folder or hub id")
+    return (info["inputs"] != "single" and info["task"] != "causal-lm", info["task"] in ("causal-lm", "unknown"),
+            f"*{note}*" if note else "")
+
+
+def server_logging() -> None:
+    """A server's log: normx's INFO lines (model loads), transformers' errors only, no per-request HTTP lines."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+
+
+def preset_info(name: str) -> dict:
+    """What the page needs to know about a model name before loading it: inputs (single / pair / unknown), task."""
+    from normx.zoo.presets import PRESETS
+
+    preset = PRESETS.get((name or "").strip())
+    if preset is None:
+        return {"inputs": "unknown", "task": "unknown", "description": ""}
+    return {"inputs": preset.inputs, "task": preset.task, "description": preset.description}
+
+
+def _load_model(name: str):
+    from normx.zoo.loading import load_model
+
+    return load_model(name)
+
+
+def demo_arguments(argv: list[str] | None = None, default_model: str = "minilm-sst2") -> argparse.Namespace:
+    """The demo's command line: ``--host``, ``--port`` (1..65535), ``--model``, ``--locked`` / ``--unlocked``,
+    ``--models`` (a list), ``--budget-gflop`` (positive); argparse's usage error otherwise."""
+    parser = argparse.ArgumentParser(prog="normx demo", description="Serve the normx Gradio demo.")
+    parser.add_argument("--host", default=None, help="interface to bind (default 127.0.0.1; $GRADIO_SERVER_NAME)")
+    parser.add_argument("--port", type=_port, default=None, help="port, 1..65535 (default 7860; $GRADIO_SERVER_PORT)")
+    parser.add_argument("--model", default=None, help=f"the model selected at start (default {default_model})")
+    lock = parser.add_mutually_exclusive_group()
+    lock.add_argument("--locked", action="store_true", default=None,
+                      help=f"only the allow-list loads (${MODELS_ENV}, default: the presets installed and trained); "
+                           f"also ${LOCKED_ENV}=1. The default when the host is not loopback")
+    lock.add_argument("--unlocked", dest="locked", action="store_false",
+                      help="let visitors load any local folder or hub id, also on a non-loopback host (a warning says "
+                           "so); the default on loopback only")
+    parser.add_argument("--models", default=None, help="comma-separated allow-list for --locked")
+    parser.add_argument("--budget-gflop", type=float, default=None,
+                        help=f"work one request may take (default {BUDGET_GFLOP:g}, ~10 s on a 2-core CPU; "
+                             f"${BUDGET_ENV})")
+    args = parser.parse_args(argv)
+    if args.budget_gflop is not None and not args.budget_gflop > 0:
+        parser.error(f"--budget-gflop must be positive, got {args.budget_gflop}")
+    args.models = None if args.models is None else [m.strip() for m in args.models.split(",") if m.strip()]
+    return args
+
+
+def _port(value: str) -> int:
+    if not value.strip().isdigit() or not 1 <= int(value) <= 65535:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a port: use a number in 1..65535")
+    return int(value)

@@ -1,0 +1,263 @@
+"""What a page shows of explanations: highlighted views scaled to [-1, 1], titles, contrast and comparison views,
+the prediction as Markdown. Plain functions of :class:`~normx.Explanation` objects and a
+:class:`~normx.serving.session.PageState`, returning plain data (no web framework): the demo wraps them in components,
+and the tests call them directly. :func:`scale_of` is the one scaling rule, shared with the terminal table.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from normx.explanations.display import scale_of
+from normx.explanations.result import Explanation
+from normx.methods import get_method
+from normx.models import HeadKind
+from normx.serving.session import PageState
+
+MAX_LABEL_VIEWS = 4  # highlighted views per request; models with more labels show the most probable ones
+# gr.HighlightedText colours scores by sign: positive red rgba(239, 68, 60, s), negative purple rgba(128, 90, 213, -s)
+LEGEND = (
+    '<span style="background: rgba(239, 68, 60, 0.75); padding: 1px 6px; border-radius: 4px">red (+)</span> '
+    "pushes **toward** the label, "
+    '<span style="background: rgba(128, 90, 213, 0.75); padding: 1px 6px; border-radius: 4px">purple (−)</span> '
+    "pushes **away** from it; stronger colour = larger |score|. Each view is scaled to [−1, 1] by the largest "
+    "|score| it shows (special tokens excluded); the scale is in the view's title."
+)
+Highlighted = list[tuple[str, float | None]]  # (text, score in [-1, 1] or None) pieces, as gr.HighlightedText takes
+
+
+def default_compare_methods(methods: Sequence[str]) -> list[str]:
+    """The compare tab's default picks: the label-dependent methods that cost at most two forward passes (what
+    each method says of itself: NormXLogit, LogAt and the plain gradients)."""
+    return [m for m in methods if get_method(m).label_dependent and get_method(m).passes(64) <= 2] or list(methods[:2])
+
+
+def unit_view(explanation: Explanation, unit: str = "word", show_special: bool = False) -> Explanation:
+    """The explanation at word or subword-token level, with or without special tokens (no recomputation)."""
+    view = explanation.words("sum") if unit == "word" and explanation.unit == "token" else explanation
+    return view if show_special else view.without_special()
+
+
+def nearest_layer(explanation: Explanation, layer: int | None) -> int:
+    """``layer`` if the explanation has it, else its closest computed layer (gradient methods have only 0)."""
+    if layer is None or not explanation.layers:
+        return explanation.layers[-1]
+    return min(explanation.layers, key=lambda computed: (abs(computed - int(layer)), computed))
+
+
+def highlights(view: Explanation, values: np.ndarray,
+               scale: float | None = None) -> list[tuple[str, float | None]]:
+    """``gr.HighlightedText`` value: one ``(text, score)`` per unit, score in [-1, 1] (``None``: not scored).
+
+    Unit texts come from the input through the character offsets, so the page shows the text as typed (subwords
+    adjacent, original spacing and line breaks between units); special tokens show as their token string; the
+    second text of a pair follows a `` ‖ `` separator. ``scale`` defaults to :func:`scale_of` the row.
+    """
+    values = np.asarray(values, dtype=np.float64)
+    if scale is None:
+        scale = scale_of(view, [values])
+    texts = {0: view.text, 1: view.text_pair}
+    out: list[tuple[str, float | None]] = []
+    previous: tuple[int, int] | None = None  # (segment, end offset) of the last unit shown from a text
+    for i, token in enumerate(view.tokens):
+        value = values[i]
+        score = None if not math.isfinite(value) else (0.0 if scale <= 0 else max(-1.0, min(1.0, float(value / scale))))
+        start, end = view.offsets[i]
+        segment = view.segments[i]
+        source = texts.get(segment)
+        if view.special[i] or source is None or end <= start:
+            piece = token if not out else " " + token
+            out.append((piece, None if score is None else round(float(score), 4)))
+            previous = None
+            continue
+        if previous is not None and previous[0] == segment:
+            gap = source[previous[1]:start]
+            if gap:
+                out.append((gap, None))
+        elif out:
+            out.append((" ‖ " if previous is not None else " ", None))
+        out.append((source[start:end], None if score is None else round(float(score), 4)))
+        previous = (segment, end)
+    return out
+
+
+def display_token(tokenizer, token: str) -> str:
+    """A vocabulary token as text (``"ĠParis"`` -> ``"' Paris'"``)."""
+    try:
+        text = tokenizer.convert_tokens_to_string([token])
+    except Exception:  # some tokenizers cannot convert a lone token
+        text = token
+    return repr(text)
+
+
+def probabilities(explanation: Explanation, tokenizer=None) -> dict[str, float]:
+    """``gr.Label`` value: label -> probability (vocabulary heads: the top tokens, shown as text); {} for regression."""
+    if explanation.vocabulary and tokenizer is not None:
+        return {display_token(tokenizer, k): float(v) for k, v in explanation.probabilities.items()}
+    return {str(k): float(v) for k, v in explanation.probabilities.items()}
+
+
+def markdown_text(text: str) -> str:
+    """``text`` shown literally inside Markdown: special characters escaped, line breaks as ⏎."""
+    text = re.sub(r"([\\`*_{}\[\]<>()#+\-.!|~])", r"\\\1", text)
+    return text.replace("\r\n", "⏎").replace("\n", "⏎").replace("\r", "⏎")
+
+
+def prediction_text(explanation: Explanation, tokenizer=None) -> str:
+    """A one-paragraph Markdown summary of the prediction."""
+    pred = explanation.prediction
+    if explanation.regression or isinstance(pred, float):
+        return f"**Predicted score:** {float(pred):.3f} (regression)"
+    prob = explanation.probabilities.get(pred)
+    p = "" if prob is None else f" (p = {prob:.3f})"
+    if explanation.vocabulary:
+        shown = display_token(tokenizer, pred) if tokenizer is not None else repr(pred)
+        what = "masked token" if explanation.kind == HeadKind.MASKED_LM else "next token"
+        return f"**Predicted {what}:** `{shown}`{p}"
+    return f"**Prediction:** {markdown_text(str(pred))}{p}"
+
+
+def label_order(explanation: Explanation, limit: int = MAX_LABEL_VIEWS) -> list[str]:
+    """The labels to show: the model's own order, or the most probable ``limit`` when there are more."""
+    labels = list(explanation.labels)
+    if len(labels) <= limit:
+        return labels
+    ranked = sorted(labels, key=lambda label: -explanation.probabilities.get(label, -1.0))
+    return [label for label in labels if label in ranked[:limit]]
+
+
+def label_title(explanation: Explanation, label: str, tokenizer=None) -> str:
+    if explanation.regression:
+        return f"score (regression: predicted {float(explanation.prediction):.3f})"
+    name = display_token(tokenizer, label) if explanation.vocabulary and tokenizer \
+        else label
+    prob = explanation.probabilities.get(label)
+    tags = ["predicted"] if label == explanation.prediction else []
+    if prob is not None:
+        tags.append(f"p = {prob:.3f}")
+    return f"{name}" + (f" ({', '.join(tags)})" if tags else "")
+
+
+def label_views(explanation: Explanation, layer: int | None, unit: str = "word", show_special: bool = False,
+                tokenizer=None) -> list[tuple[str, list]]:
+    """One ``(title, highlighted)`` per label to show, all on a common scale so that labels compare."""
+    view = unit_view(explanation, unit, show_special)
+    at = nearest_layer(view, layer)
+    labels = label_order(view)
+    rows = [view.token_scores(label, at) for label in labels]
+    scale = scale_of(view, rows)
+    layer_note = f"layer {at}" if view.settings.get("layer") is not None or len(view.layers) > 1 else "input"
+    return [(f"{label_title(view, label, tokenizer)} · {layer_note} · scale {scale:.3g}", highlights(view, row, scale))
+            for label, row in zip(labels, rows)]
+
+
+def contrast_view(explanation: Explanation, a: str, b: str, layer: int | None, unit: str = "word",
+                  show_special: bool = False, tokenizer=None) -> tuple[str, list]:
+    """``score(a) − score(b)`` at ``layer``: what pushes toward ``a`` rather than ``b`` (red) and the reverse.
+
+    For the linear methods (normxlogit, logat, gradients) this equals ``normx.explain(..., target=a, foil=b)``.
+    """
+    view = unit_view(explanation, unit, show_special)
+    at = nearest_layer(view, layer)
+    row = view.token_scores(a, at) - view.token_scores(b, at)
+    scale = scale_of(view, [row])
+    vocab = view.vocabulary and tokenizer is not None
+    name_a = display_token(tokenizer, a) if vocab else a
+    name_b = display_token(tokenizer, b) if vocab else b
+    return f"{name_a} vs {name_b} (red: toward {name_a}, purple: toward {name_b}) · layer {at} · scale {scale:.3g}", \
+        highlights(view, row, scale)
+
+
+def step_choices(state: PageState, tokenizer=None) -> list[tuple[str, int]]:
+    """Radio choices for a causal LM's steps: ``"1: ' Paris'"``, one per explained prediction."""
+    out = []
+    for i, explanation in enumerate(state.steps):
+        token = display_token(tokenizer, explanation.prediction) if tokenizer is not None else explanation.prediction
+        out.append((f"{i + 1}: {token}", i))
+    return out
+
+
+def contrast_choices(explanation: Explanation, tokenizer=None) -> list[tuple[str, str]]:
+    """Labels the contrast view can pick: a classifier's labels, or a vocabulary head's top tokens."""
+    if explanation.regression:
+        return []
+    if explanation.vocabulary:
+        names = list(dict.fromkeys([explanation.prediction, *explanation.probabilities]))
+        return [(display_token(tokenizer, n) if tokenizer is not None else n, n) for n in names]
+    return [(label, label) for label in explanation.labels]
+
+
+def default_contrast(explanation: Explanation) -> tuple[str | None, str | None]:
+    """The predicted label against the most probable other one."""
+    if explanation.regression or len(explanation.probabilities) < 2:
+        return None, None
+    others = sorted((k for k in explanation.probabilities if k != explanation.prediction),
+                    key=lambda k: -explanation.probabilities[k])
+    return explanation.prediction, others[0]
+
+
+def compare_views(state: PageState | None, methods: Sequence[str], layer: int | None, unit: str = "word",
+                  show_special: bool = False, step: int = 0, tokenizer=None) -> dict[str, tuple[str, list]]:
+    """``{method: (title, highlighted)}`` for the compared methods computed for ``step``, each on its own scale."""
+    out = {}
+    if not state or not state.steps:
+        return out
+    done = state.compare.get(step, {})
+    for method in methods:
+        if method not in done:
+            continue
+        explanation = done[method]
+        view = unit_view(explanation, unit, show_special)
+        at = nearest_layer(view, layer)
+        label = view.prediction if view.prediction in view.labels else view.labels[0]
+        row = view.token_scores(label, at)
+        scale = scale_of(view, [row])
+        where = f"layer {at}" if len(view.layers) > 1 else "input embeddings (no per-layer scores)"
+        title = label_title(view, label, tokenizer)
+        out[method] = (f"{method} · {title} · {where} · scale {scale:.3g}", highlights(view, row, scale))
+    return out
+
+
+@dataclass
+class PageView:
+    """Everything the page shows for one state and one choice of layer, units, step, contrast and comparison."""
+
+    heading: str = ""  # Markdown: the prediction (and a causal LM's continuation)
+    probabilities: dict[str, float] = field(default_factory=dict)
+    labels: list[tuple[str, Highlighted]] = field(default_factory=list)  # (title, highlighted) per label view
+    contrast: tuple[str, Highlighted] | None = None  # None: no contrast for this head (regression)
+    compared: dict[str, tuple[str, Highlighted]] = field(default_factory=dict)  # method -> (title, highlighted)
+
+
+def page_view(state: PageState | None, tokenizer, layer: int | None, unit: str = "word", show_special: bool = False,
+              step: int = 0, a: str | None = None, b: str | None = None,
+              compare_methods: Sequence[str] = ()) -> PageView:
+    """Every view from the state, without computing anything new (the layer slider and the unit toggle land
+    here only)."""
+    if state is None or not state.steps:
+        return PageView()
+    step = min(int(step or 0), len(state.steps) - 1)
+    layer = None if layer is None else int(layer)
+    explanation = state.steps[step]
+    heading = prediction_text(explanation, tokenizer)
+    if state.kind is HeadKind.CAUSAL_LM:
+        heading = (f"**Greedy continuation:** {markdown_text(state.prefixes[0])}"
+                   f"**{markdown_text(state.continuation)}**  \n"
+                   f"Step {step + 1} of {len(state.steps)}: {heading} after “{markdown_text(state.prefixes[step])}”")
+    contrast = None
+    if not explanation.regression:
+        contrast = ("contrast: pick two different labels", [])
+        source = None
+        if a and b and a != b:
+            source = explanation if a in explanation.labels and b in explanation.labels \
+                else state.contrast.get((step, a, b))
+        if source is not None:
+            contrast = contrast_view(source, a, b, layer, unit, show_special, tokenizer)
+    return PageView(heading, probabilities(explanation, tokenizer),
+                    label_views(explanation, layer, unit, show_special, tokenizer), contrast,
+                    compare_views(state, list(compare_methods or []), layer, unit, show_special, step, tokenizer))

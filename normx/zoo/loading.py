@@ -1,0 +1,34 @@
+"""``normx.load_model``: an offline preset by name, or anything :func:`normx.models.loading.load_pretrained` loads
+(a model folder, a PEFT adapter folder, a hub id)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from normx.errors import ModelLoadError
+from normx.models.loading import HubUnreachableError, load_pretrained, ready, refuse_remote_code
+from normx.zoo.presets import PRESETS
+
+
+def load_model(name_or_path: str | Path = "minilm-sst2", *, task: str | None = None, dtype=None, device=None,
+               **kwargs):
+    """Load ``(model, tokenizer)``, ready for :func:`normx.explain` (eval mode).
+
+    ``name_or_path``: a preset name (``normx.list_presets()``; offline), a local model folder, a PEFT adapter
+    folder (``adapter_config.json``; its base is loaded the same way) or a Hugging Face hub id (needs network).
+    ``task`` (``"sequence-classification"``, ``"masked-lm"``, ``"causal-lm"``) picks the head when the folder's
+    ``architectures`` has none normx supports, e.g. a bare encoder to be given a fresh head. Other keyword
+    arguments (``num_labels``, ``gguf_file``, ``revision``...) go to ``from_pretrained``.
+    """
+    source = str(name_or_path)
+    if source in PRESETS and not Path(source).expanduser().exists():
+        refuse_remote_code(kwargs)
+        kwargs.pop("trust_remote_code", None)
+        if dtype is not None:
+            kwargs["dtype"] = dtype
+        return ready(*PRESETS[source].load(**kwargs), device)
+    try:
+        return load_pretrained(source, task=task, dtype=dtype, device=device, **kwargs)
+    except HubUnreachableError as exc:  # say which names load offline
+        raise ModelLoadError(f"{exc.source!r} is not a preset (`normx models`: {', '.join(PRESETS)}), "
+                             f"{exc.detail}") from None
