@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib
 
+from normx._version import __version__  # noqa: F401 (normx.__version__)
 from normx.errors import (
     EmptyTextError,
     HookNotFiredError,
@@ -34,8 +35,6 @@ from normx.errors import (
     UnsupportedModelError,
     WorkBudgetError,
 )
-
-__version__ = "0.1.0"
 
 # public name -> the module that defines it (imported on first access)
 _LAZY = {

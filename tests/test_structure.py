@@ -1,4 +1,6 @@
-"""The package's shape: no import cycles between normx modules; no family module paths outside the adapters."""
+"""The package's shape: its layers and the imports allowed between them, no import cycles (counting imports inside
+functions and under ``TYPE_CHECKING``), family module paths only in ``normx/models``, module sizes, declared
+dependencies, lint."""
 
 from __future__ import annotations
 
@@ -6,7 +8,26 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
+
 PACKAGE = Path(__file__).resolve().parents[1] / "normx"
+
+# Each layer (a folder of normx) and the layers it may import. The leaves (errors, the lazy torch import, the
+# version) may be imported by every module and import nothing of normx; the package's __init__ (the public facade)
+# may import every layer, and no module imports it. Everything else is an upward import and fails the test.
+LEAVES = {"errors", "_torch", "_version"}
+LAYERS = {
+    "models": set(),
+    "core": {"models"},
+    "methods": {"core", "models"},
+    "explanations": {"methods", "core", "models"},
+    "data": {"models"},
+    "zoo": {"data", "models"},
+    "bulk": {"explanations", "core", "data", "models"},
+    "evaluation": {"explanations", "methods", "core", "data", "models"},
+    "serving": {"explanations", "methods", "core", "models", "zoo"},
+    "cli": {"bulk", "evaluation", "serving", "zoo", "explanations", "methods", "core", "data", "models"},
+}
 
 
 def module_name(file: Path) -> str:
@@ -14,43 +35,48 @@ def module_name(file: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def module_imports(file: Path) -> set[str]:
-    """normx modules ``file`` imports when it is imported: top-level imports, not those inside functions or under
-    ``if TYPE_CHECKING``."""
-    name = module_name(file)
-    package = name if file.name == "__init__.py" else name.rpartition(".")[0]
+def modules() -> dict[str, Path]:
+    return {module_name(f): f for f in PACKAGE.rglob("*.py")}
+
+
+def module_imports(text: str, name: str, is_package: bool, known: set[str]) -> set[str]:
+    """The normx modules that module ``name`` (source ``text``) imports anywhere: at the top, inside functions, under
+    ``if TYPE_CHECKING``. ``from package import name`` imports the submodule when ``name`` is one, else the
+    package."""
+    package = name if is_package else name.rpartition(".")[0]
     out = set()
-    for node in ast.parse(file.read_text()).body:
+    for node in ast.walk(ast.parse(text)):
         if isinstance(node, ast.Import):
-            out |= {alias.name for alias in node.names if alias.name.startswith("normx")}
+            targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.split(".")
                 base = base[:len(base) - node.level + 1]
-                target = ".".join(base + ([node.module] if node.module else []))
+                source = ".".join(base + ([node.module] if node.module else []))
             else:
-                target = node.module or ""
-            if not target.startswith("normx"):
-                continue
-            for alias in node.names:  # `from . import x` imports the submodule x
-                sub = f"{target}.{alias.name}"
-                out.add(sub if (PACKAGE.parent / (sub.replace(".", "/") + ".py")).exists()
-                        or (PACKAGE.parent / sub.replace(".", "/")).is_dir() else target)
-    return out - {name}
+                source = node.module or ""
+            targets = [f"{source}.{alias.name}" if f"{source}.{alias.name}" in known else source
+                       for alias in node.names]
+        else:
+            continue
+        for target in targets:
+            while target and target not in known:  # `import normx.models.adapter.x` etc.
+                target = target.rpartition(".")[0]
+            if target.startswith("normx") and target != name:
+                out.add(target)
+    return out
 
 
 def graph() -> dict[str, set[str]]:
-    modules = {module_name(f): f for f in PACKAGE.rglob("*.py")}
-    edges = {}
-    for name, file in modules.items():
-        targets = set()
-        for target in module_imports(file):
-            while target and target not in modules:  # `import normx.models.adapter` etc.
-                target = target.rpartition(".")[0]
-            if target:
-                targets.add(target)
-        edges[name] = targets - {name}
-    return edges
+    found = modules()
+    return {name: module_imports(file.read_text(), name, file.name == "__init__.py", set(found))
+            for name, file in found.items()}
+
+
+def layer_of(module: str) -> str:
+    """``normx.core.forward`` -> ``core``; the package itself -> ``normx``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "normx"
 
 
 def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
@@ -85,21 +111,58 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
-def test_no_import_cycles():
-    # a package's __init__ importing its submodules is no cycle: the submodules import their siblings, not it
-    edges = {name: {t for t in targets if not (name.startswith(t + ".") and t in edges_of_packages())}
-             for name, targets in graph().items()}
-    found = cycles(edges)
+def test_no_import_cycles_not_even_deferred_or_type_only():
+    found = cycles(graph())
     assert not found, f"import cycles between normx modules: {found}"
-
-
-def edges_of_packages() -> set[str]:
-    return {module_name(f) for f in PACKAGE.rglob("__init__.py")}
 
 
 def test_the_cycle_finder_finds_cycles():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def upward_imports(edges: dict[str, set[str]]) -> list[str]:
+    """Every import that the layer table does not allow, as ``importer -> imported``."""
+    bad = []
+    for importer, targets in edges.items():
+        here = layer_of(importer)
+        for target in targets:
+            there = layer_of(target)
+            if here == "normx" or there == here or there in LEAVES:
+                continue  # the facade; within a layer; the leaves
+            if here in LEAVES or there == "normx" or there not in LAYERS.get(here, set()):
+                bad.append(f"{importer} -> {target}")
+    return sorted(bad)
+
+
+def test_imports_go_only_down_the_layers():
+    assert set(LAYERS) | LEAVES | {"normx"} == {layer_of(m) for m in modules()}, "a layer is missing from LAYERS"
+    bad = upward_imports(graph())
+    assert not bad, "imports the layer table (tests/test_structure.py LAYERS) does not allow:\n" + "\n".join(bad)
+
+
+def test_the_layer_check_fails_on_an_upward_import():
+    edges = graph()
+    edges["normx.core.forward"] = edges["normx.core.forward"] | {"normx.methods.registry"}  # core -> methods: up
+    edges["normx.models.adapter"] = edges["normx.models.adapter"] | {"normx"}  # nothing imports the facade
+    assert upward_imports(edges) == ["normx.core.forward -> normx.methods.registry", "normx.models.adapter -> normx"]
+
+
+def test_the_import_reader_sees_deferred_and_type_only_imports():
+    text = ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from normx.methods import registry\n"
+            "def f():\n    import normx.explanations.result\n    from ..cli import main\n    from . import hooks\n")
+    found = module_imports(text, "normx.core.forward", False, set(modules()))
+    assert found == {"normx.methods.registry", "normx.explanations.result", "normx.cli.main", "normx.core.hooks"}
+
+
+def test_at_most_five_modules_at_the_top_and_every_layer_says_what_it_owns():
+    top = sorted(f.name for f in PACKAGE.glob("*.py"))
+    assert len(top) <= 5, f"modules directly in normx/: {top}; put them in a layer's folder"
+    for folder in LAYERS:
+        init = PACKAGE / folder / "__init__.py"
+        assert init.is_file(), f"normx/{folder} is not a package"
+        doc = ast.get_docstring(ast.parse(init.read_text()))
+        assert doc and len(doc) > 80, f"normx/{folder}/__init__.py has no docstring saying what the layer owns"
 
 
 FAMILY_PATHS = re.compile(r"\.attention\.self\b|\.intermediate\.dense\b|\.encoder\.layer\b|model_type\b")
@@ -170,8 +233,6 @@ def test_lint_passes():
     """ruff with the project's rules (pyproject.toml: complexity and argument-count limits included)."""
     import subprocess
     import sys
-
-    import pytest
 
     pytest.importorskip("ruff", reason="ruff is in the test extra: pip install -e '.[test]'")
     root = PACKAGE.parent

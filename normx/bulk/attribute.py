@@ -22,6 +22,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from normx._version import __version__
 from normx.core.concurrency import tokenizer_lock
 from normx.core.inputs import positive_int
 from normx.data.rows import Row, _pyarrow_parquet, iter_rows
@@ -263,13 +264,11 @@ def _finish(folder: Path, settings: dict, run: AttributionRun, parquet) -> None:
     _barrier()
     if run.rank != 0:
         return
-    import normx
-
     files = sorted(folder.glob("shard-*.parquet"))
     rows = {f.name: parquet.ParquetFile(f).metadata.num_rows for f in files}
     _write_manifest(folder / MANIFEST, {
         "settings": settings, "complete": len(files) == run.shards and sum(rows.values()) == run.rows,
-        "rows": run.rows, "shards": run.shards, "rows_per_shard": rows, "normx": normx.__version__,
+        "rows": run.rows, "shards": run.shards, "rows_per_shard": rows, "normx": __version__,
         "world_size": run.world_size, "written": time.strftime("%Y-%m-%dT%H:%M:%S")})
 
 

@@ -42,10 +42,10 @@ def add_parser(subparsers):
 
 
 def run(args) -> int:
-    import normx
+    from normx.zoo.loading import load_model
 
     output_folder(args.out)
-    model, tokenizer = normx.load_model(args.model)
+    model, tokenizer = load_model(args.model)
     paradigms = names(args.paradigms) or list(ev.DEFAULT_PARADIGMS)
     report = evaluate_blimp(model, tokenizer, paradigms, names(args.methods), data=args.data, split=args.split,
                             limit=args.limit, seed=args.seed, batch_size=args.batch_size,

@@ -50,7 +50,7 @@ def add_parser(subparsers):
 
 
 def run(args) -> int:
-    import normx
+    from normx.zoo.loading import load_model
 
     methods = names(args.methods)
     if methods == ["all"] or not methods:
@@ -64,7 +64,7 @@ def run(args) -> int:
                                 f"of the methods {chosen} takes them")
     examples = load_examples(args.data, args.data_dir, args.limit, args.split)
     output_folder(args.out)
-    model, tokenizer = normx.load_model(args.model)
+    model, tokenizer = load_model(args.model)
     report = evaluate(model, tokenizer, examples, chosen, task=args.data if args.data in glue.TASKS else None,
                       special_tokens=args.special_tokens, perturbation=args.perturbation, batch_size=args.batch_size,
                       eval_batch_size=args.eval_batch_size, max_length=args.max_length,

@@ -107,15 +107,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args) -> int:
-    import normx
+    from normx.methods import describe_methods, get_method
 
     if args.command not in ("methods", "models", "supported"):  # the light commands never import transformers
         _quiet_transformers()
     if args.command == "methods":
-        offered = normx.describe_methods()
+        offered = describe_methods()
         for name, description in offered.items():
             print(f"{name:<20} {description}")
-        experimental = {k: v for k, v in normx.describe_methods(experimental=True).items() if k not in offered}
+        experimental = {k: v for k, v in describe_methods(experimental=True).items() if k not in offered}
         if experimental:
             print("\nexperimental (candidates under study, usable by name; docs/variants.md):")
             for name, description in experimental.items():
@@ -132,22 +132,27 @@ def _run(args) -> int:
     if args.command == "attribute":
         return _attribute(args)
     if args.command == "supported":
-        print("\n".join(normx.supported_models()))
+        from normx.models import supported_models
+
+        print("\n".join(supported_models()))
         return 0
 
     # everything that can be checked without the model is checked before it loads
-    normx.methods.registry.get_method(args.method)
+    get_method(args.method)
     layer = args.layer if args.layer in (None, "all") else _layer(args.layer)
     texts = _texts(args.texts)
     _check_labels(args.model, [*(args.target or []), *([args.foil] if args.foil else [])])
     kwargs = {"gguf_file": args.gguf_file} if args.gguf_file else {}
-    model, tokenizer = normx.load_model(args.model, **kwargs)
+    from normx.explanations.pipeline import explain
+    from normx.zoo.loading import load_model
+
+    model, tokenizer = load_model(args.model, **kwargs)
     target = _target(args.target)
     pairs = None if args.pair is None else [args.pair] * len(texts)
     from normx.cli.flags import given_options
 
     options = given_options(args)
-    results = normx.explain(model, tokenizer, texts, method=args.method, target=target, layer=layer,
+    results = explain(model, tokenizer, texts, method=args.method, target=target, layer=layer,
                             text_pair=pairs, foil=None if args.foil is None else _maybe_int(args.foil),
                             embedding=args.embedding, truncation=args.truncation, **options)
     if args.words or args.word_aggregation:
@@ -163,13 +168,14 @@ def _run(args) -> int:
 
 
 def _attribute(args) -> int:
-    import normx
     from normx.bulk.attribute import attribute_dataset
     from normx.cli import flags as method_flags
+    from normx.methods import get_method
+    from normx.zoo.loading import load_model
 
-    normx.methods.registry.get_method(args.method)
+    get_method(args.method)
     layer = args.layer if args.layer in (None, "all") else _layer(args.layer)
-    model, tokenizer = normx.load_model(args.model)
+    model, tokenizer = load_model(args.model)
     local = os.environ.get("LOCAL_RANK")
     if local is not None:
         import torch

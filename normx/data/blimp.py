@@ -171,25 +171,23 @@ def _final_word(after: list[str], tags: list[str]) -> int | None:
     return words[-1] if words else None
 
 
+_DETERMINER, _SUBJECT_HEAD = "the demonstrative determiner of the noun", "the head of the subject"
 PARADIGMS: dict[str, Paradigm] = {p.key: p for p in (
     Paradigm("ana", "anaphor_number_agreement", "anaphor_number_agreement",
              "the antecedent of the reflexive (head of the subject; phrase: the subject noun phrase)", _anaphor,
              phrase=True),
-    Paradigm("dna", "determiner_noun_agreement_1", "determiner_noun_agreement_1",
-             "the demonstrative determiner of the noun", _demonstrative),
-    Paradigm("dnaa", "determiner_noun_agreement_with_adjective_1", "determiner_noun_agreement_with_adj_1",
-             "the demonstrative determiner of the noun", _demonstrative),
-    Paradigm("dna_2", "determiner_noun_agreement_2", "determiner_noun_agreement_2",
-             "the noun after the demonstrative (the head: the last word of the noun phrase)", _final_word, after=True),
-    Paradigm("dnaa_2", "determiner_noun_agreement_with_adj_2", "determiner_noun_agreement_with_adj_2",
-             "the noun after the demonstrative and its adjective (the last word of the noun phrase)", _final_word,
-             after=True),
+    *(Paradigm(key, uid, hub, _DETERMINER, _demonstrative) for key, uid, hub in (
+        ("dna", "determiner_noun_agreement_1", "determiner_noun_agreement_1"),
+        ("dnaa", "determiner_noun_agreement_with_adjective_1", "determiner_noun_agreement_with_adj_1"))),
+    *(Paradigm(key, uid, uid, evidence, _final_word, after=True) for key, uid, evidence in (
+        ("dna_2", "determiner_noun_agreement_2",
+         "the noun after the demonstrative (the head: the last word of the noun phrase)"),
+        ("dnaa_2", "determiner_noun_agreement_with_adj_2",
+         "the noun after the demonstrative and its adjective (the last word of the noun phrase)"))),
     Paradigm("darn", "distractor_agreement_relational_noun", "distractor_agreement_relational_noun",
              "the head of the subject (not the distractor noun)", _relational_subject),
-    Paradigm("rpsv", "regular_plural_subject_verb_agreement_1", "regular_plural_subject_verb_agreement_1",
-             "the head of the subject", subject_head),
-    Paradigm("ipsv", "irregular_plural_subject_verb_agreement_1", "irregular_plural_subject_verb_agreement_1",
-             "the head of the subject", subject_head),
+    *(Paradigm(key, uid, uid, _SUBJECT_HEAD, subject_head) for key, uid in (
+        ("rpsv", "regular_plural_subject_verb_agreement_1"), ("ipsv", "irregular_plural_subject_verb_agreement_1"))),
 )}
 DEFAULT_PARADIGMS = ("ana", "dna_2", "dnaa_2", "darn", "rpsv")  # the NormXLogit paper's five
 # Which tokens are the evidence: "first" = the first token of the evidence word; "word" = every token of it;

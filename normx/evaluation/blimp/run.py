@@ -42,6 +42,7 @@ from normx.data.blimp_items import Item, prepare, split_pairs
 from normx.errors import InvalidInputError, NormxError
 from normx.evaluation.blimp.alignment import average_precision, dot_product
 from normx.evaluation.blimp.report import METRICS, BlimpReport, curve_names
+from normx.explanations.pipeline import explain
 from normx.methods import get_method, list_methods
 from normx.models import HeadKind
 
@@ -87,11 +88,9 @@ def resolve_methods(names: Sequence[str] | None) -> list[str]:
 
 def _explain_batch(model, tokenizer, method, items: list[Item], seed: int) -> dict[str, list[tuple]]:
     """Scores [layers, tokens] of each item for each of the method's curves, with the explanations."""
-    import normx
-
     spec = get_method(method)
     options = {"seed": seed} if "seed" in spec.options else {}
-    layer = "all" if spec.layered else None
+    layer = spec.all_layers
     texts = [item.text for item in items]
     if spec.foil_curve:
         wanted = list(dict.fromkeys([i.target_id for i in items] + [i.foil_id for i in items]))
@@ -99,7 +98,7 @@ def _explain_batch(model, tokenizer, method, items: list[Item], seed: int) -> di
         wanted = list(dict.fromkeys(i.target_id for i in items))
     else:
         wanted = None
-    results = normx.explain(model, tokenizer, texts, method=method, target=wanted, layer=layer,
+    results = explain(model, tokenizer, texts, method=method, target=wanted, layer=layer,
                             batch_size=len(texts), **options)
     out: dict[str, list[tuple]] = {name: [] for name in curve_names(method)}
     for item, explanation in zip(items, results):

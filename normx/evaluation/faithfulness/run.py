@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from normx._version import __version__
 from normx.core.inputs import encode, pad_token_id, positive_int, resolve_max_length
 from normx.core.labels import LabelSpace
 from normx.data import glue
@@ -51,6 +52,7 @@ from normx.evaluation.faithfulness.perturbation import (
     resolve_strategy,
 )
 from normx.evaluation.faithfulness.report import FaithfulnessReport, MethodResult
+from normx.explanations.pipeline import explain, model_settings
 from normx.methods import get_method, list_methods
 from normx.models import HeadKind, get_adapter, unwrap_model
 
@@ -85,8 +87,6 @@ def evaluate(model, tokenizer, examples: Sequence, methods: str | Sequence[str] 
             prediction first (the paper's formula; default) or ``"closest"`` first. The report's ``data`` setting
             is the task (the command line records the file it read).
     """
-    import normx
-
     base = unwrap_model(model)
     adapter = get_adapter(model)
     if adapter.kind is not HeadKind.SEQUENCE_CLASSIFICATION:
@@ -140,7 +140,7 @@ def evaluate(model, tokenizer, examples: Sequence, methods: str | Sequence[str] 
     mismatches = 0
     for name in names:
         start = time.perf_counter()
-        explanations = _explain(normx, model, tokenizer, texts, pairs, name, options[name], batch_size, limit,
+        explanations = _explain(model, tokenizer, texts, pairs, name, options[name], batch_size, limit,
                                 progress)
         explain_seconds = time.perf_counter() - start
         items = _aligned_items(encoded, explanations, items, name)
@@ -174,7 +174,7 @@ def evaluate(model, tokenizer, examples: Sequence, methods: str | Sequence[str] 
     return FaithfulnessReport(settings, ks, labels.regression, _original(labels, original, gold), results, skipped)
 
 
-def _explain(normx, model, tokenizer, texts, pairs, name, options, batch_size, max_length, progress):
+def _explain(model, tokenizer, texts, pairs, name, options, batch_size, max_length, progress):
     explanations = []
     chunks = range(0, len(texts), batch_size)
     if progress:
@@ -183,7 +183,7 @@ def _explain(normx, model, tokenizer, texts, pairs, name, options, batch_size, m
         chunks = tqdm(chunks, desc=f"explain {name}", dynamic_ncols=True, leave=False)
     for start in chunks:
         chunk_pairs = None if pairs is None else pairs[start:start + batch_size]
-        explanations += normx.explain(model, tokenizer, texts[start:start + batch_size], method=name,
+        explanations += explain(model, tokenizer, texts[start:start + batch_size], method=name,
                                       text_pair=chunk_pairs, batch_size=batch_size, max_length=max_length,
                                       **options)
     return explanations
@@ -255,19 +255,15 @@ def _settings(model, labels: LabelSpace, encoded, protocol: dict) -> dict:
     the software's."""
     import torch
 
-    import normx
-
-    base = unwrap_model(model)
-    param = next(base.parameters(), None)
+    settings = model_settings(model)
     return {
-        "model_class": type(base).__name__, "family": get_adapter(base).family, "peft": base is not model,
+        "model_class": settings["model_class"], "family": get_adapter(model).family, "peft": settings["peft"],
         "regression": labels.regression, "labels": labels.names, "examples": len(encoded),
         "truncated": sum(bool(e.warnings) for e in encoded), **protocol,
         "aopc_ks": [k for k in protocol["ks"] if 0 < k < 1],
         "ranking": "signed scores for the predicted label (label-independent methods: their scores), descending; "
                    "the pooled token is never ranked",
-        "dtype": None if param is None else str(param.dtype).replace("torch.", ""),
-        "device": None if param is None else str(param.device),
-        "normx": normx.__version__, "torch": torch.__version__, "python": platform.python_version(),
+        "dtype": settings["dtype"], "device": settings["device"],
+        "normx": __version__, "torch": torch.__version__, "python": platform.python_version(),
         "machine": platform.machine(),
     }

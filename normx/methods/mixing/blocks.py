@@ -113,7 +113,7 @@ def record_blocks(model: nn.Module, inputs: dict[str, torch.Tensor], layers: Seq
             probs = attention_out[1] if isinstance(attention_out, (tuple, list)) and len(attention_out) > 1 else None
             if probs is None:
                 raise RuntimeError(f"block {layer}'s attention returned no attention probabilities even with eager "
-                                   "attention; this transformers version is not supported by normx.methods.mixing.maps")
+                                   "attention; this transformers version is not supported by normx.methods.mixing")
             rec.probs = probs
             rec.value = output_tensor(store[f"{layer}.value"].output)
             rec.ln1_in = store[f"{layer}.ln1"].args[0]
