@@ -156,6 +156,9 @@ CASES = [
 ]
 CASE_BY_ID = {case.id: case for case in CASES}
 
+# classifier cases also built with one output (num_labels=1: a regression head)
+REGRESSION = ["BertForSequenceClassification", "Qwen2ForSequenceClassification", "GPT2ForSequenceClassification"]
+
 
 def tokenizer_for(case: Case):
     if case.tokenizer == "wordpiece":

