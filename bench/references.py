@@ -9,7 +9,7 @@ import torch
 import transformers
 from workloads import Workload
 
-from normx.explanations.pipeline import BatchAttribution
+from normx.explanations.explain import BatchAttribution
 from normx.models import unwrap_model
 
 
@@ -240,6 +240,6 @@ def check_end_to_end(work: Workload, result) -> None:
 
 
 def attribute_batch_for(work: Workload) -> BatchAttribution:
-    from normx.explanations.pipeline import attribute_batch
+    from normx.explanations.explain import attribute_batch
 
     return attribute_batch(work.plan, work.inputs)

@@ -22,7 +22,7 @@ import transformers
 
 import normx
 from normx.core.inputs import collate, encode, pad_token_id
-from normx.explanations.pipeline import Plan, attribute_batch, prepare
+from normx.explanations.explain import Plan, attribute_batch, prepare
 
 LENGTHS = (40, 120, 360, 512)
 

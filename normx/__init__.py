@@ -40,7 +40,7 @@ from normx.errors import (
 _LAZY = {
     "Adapter": "models", "get_adapter": "models", "register_adapter": "models", "supported_models": "models",
     "capture": "core.hooks", "Method": "methods", "Option": "methods", "describe_methods": "methods",
-    "list_methods": "methods", "register_method": "methods", "explain": "explanations.pipeline",
+    "list_methods": "methods", "register_method": "methods", "explain": "explanations.explain",
     "list_presets": "zoo.presets", "Explanation": "explanations.result",
 }
 # the public submodules that live in a layer's folder

@@ -27,7 +27,7 @@ from normx.core.concurrency import tokenizer_lock
 from normx.core.inputs import positive_int
 from normx.data.rows import Row, _pyarrow_parquet, iter_rows
 from normx.errors import InvalidInputError
-from normx.explanations.pipeline import explain
+from normx.explanations.explain import explain
 from normx.models import unwrap_model
 
 MANIFEST = "manifest.json"

@@ -143,7 +143,7 @@ def _run(args) -> int:
     texts = _texts(args.texts)
     _check_labels(args.model, [*(args.target or []), *([args.foil] if args.foil else [])])
     kwargs = {"gguf_file": args.gguf_file} if args.gguf_file else {}
-    from normx.explanations.pipeline import explain
+    from normx.explanations.explain import explain
     from normx.zoo.loading import load_model
 
     model, tokenizer = load_model(args.model, **kwargs)

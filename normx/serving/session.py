@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from normx import errors
 from normx.core.inputs import check_text, count_tokens
-from normx.explanations.pipeline import explain
+from normx.explanations.explain import explain
 from normx.explanations.result import Explanation
 from normx.methods import get_method, list_methods
 from normx.models import HeadKind, get_adapter, unwrap_model

@@ -42,7 +42,7 @@ from normx.data.blimp_items import Item, prepare, split_pairs
 from normx.errors import InvalidInputError, NormxError
 from normx.evaluation.blimp.alignment import average_precision, dot_product
 from normx.evaluation.blimp.report import METRICS, BlimpReport, curve_names
-from normx.explanations.pipeline import explain
+from normx.explanations.explain import explain
 from normx.methods import get_method, list_methods
 from normx.models import HeadKind
 

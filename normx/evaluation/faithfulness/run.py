@@ -52,7 +52,7 @@ from normx.evaluation.faithfulness.perturbation import (
     resolve_strategy,
 )
 from normx.evaluation.faithfulness.report import FaithfulnessReport, MethodResult
-from normx.explanations.pipeline import explain, model_settings
+from normx.explanations.explain import explain, model_settings
 from normx.methods import get_method, list_methods
 from normx.models import HeadKind, get_adapter, unwrap_model
 
