@@ -10,8 +10,11 @@ def model_state(model: torch.nn.Module) -> dict:
     training flags."""
     configs = {id(m.config): m.config for m in model.modules() if getattr(m, "config", None) is not None}
     return {
-        "hooks": {name: (len(m._forward_hooks), len(m._forward_pre_hooks), len(m._backward_hooks))
-                  for name, m in model.named_modules()},
+        # transformers' own output-recording hooks are left out: transformers installs them once per model, for
+        # good, the first time hidden states are asked for (normx's first-use check asks), and they stay inactive
+        # unless a caller asks for hidden states
+        "hooks": {name: (sum(map(_ours, m._forward_hooks.values())), sum(map(_ours, m._forward_pre_hooks.values())),
+                         len(m._backward_hooks)) for name, m in model.named_modules()},
         "attention": sorted(str(c._attn_implementation) for c in configs.values()),
         "requires_grad": {name: p.requires_grad for name, p in model.named_parameters()},
         "grad": [name for name, p in model.named_parameters() if p.grad is not None],

@@ -81,7 +81,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     tr.add_argument("--out", default=None, help="output folder (default: the preset's folder in the package)")
     tr.add_argument("--seed", type=int, default=0)
     tr.add_argument("--no-progress", action="store_true")
-    sub.add_parser("supported", help="list the supported model classes")
+    supported = sub.add_parser("supported", help="which transformers architectures normx explains (verified against "
+                               "their own outputs), which it refuses and why")
+    supported.add_argument("--verdict", choices=["verified", "refused", "transformers fails"], default=None,
+                           help="only the architectures with this verdict")
+    supported.add_argument("--registered", action="store_true",
+                           help="only the classes with a registered adapter (the others are discovered on first use)")
     if heavy("evaluate"):
         from normx.cli.evaluate import add_evaluate_parser
 
@@ -132,10 +137,7 @@ def _run(args) -> int:
     if args.command == "attribute":
         return _attribute(args)
     if args.command == "supported":
-        from normx.models import supported_models
-
-        print("\n".join(supported_models()))
-        return 0
+        return _supported(args)
 
     # everything that can be checked without the model is checked before it loads
     get_method(args.method)
@@ -189,6 +191,23 @@ def _attribute(args) -> int:
                             progress=not args.no_progress, **method_flags.given_options(args))
     if run.rank == 0:
         print(run.summary(), file=sys.stderr)
+    return 0
+
+
+def _supported(args) -> int:
+    from normx.models import supported_models
+    from normx.models.coverage import coverage
+
+    if args.registered:
+        print("\n".join(supported_models()))
+        return 0
+    table = coverage()
+    rows = [row for row in table["architectures"] if args.verdict in (None, row["verdict"])]
+    for row in rows:
+        print(f"{row['class']:<48} {row['head']:<24} {row['verdict']:<19} {row['detail']}")
+    summary = table["summary"]
+    print(f"\n{len(rows)} architectures (transformers {summary['transformers']}, tiny models from default configs, "
+          f"{summary['date']}); a model is also checked against its own outputs the first time normx explains it")
     return 0
 
 

@@ -39,13 +39,19 @@ class Pass:
         model, adapter = self.model, self.adapter
         num_layers = adapter.num_layers(model)
         blocks = adapter.block_modules(model)
-        layer_output = adapter.embedding_module(model, "layer")
-        modules = {"x0": adapter.embedding_module(model, self.embedding)}
+        # x^0: the embedding module's output, or (adapter.embeddings None) the first block's input
+        first_input = adapter.embeddings is None
+        layer_output = blocks[0] if first_input else adapter.embedding_module(model, "layer")
+        word = self.embedding == "word"
+        modules = {"x0": adapter.embedding_module(model, "word") if word else layer_output}
+        inputs = {"x0"} if first_input and not word else set()
         for layer in sorted(set(self.layers) | set(self.reads) | {num_layers}):
             modules[f"h{layer}"] = layer_output if layer == 0 else blocks[layer - 1]
+        if first_input and "h0" in modules:
+            inputs.add("h0")
         transforms = {"x0": lambda t: t.float().norm(dim=-1)}  # keep only the norms of x^0, not x^0 itself
         kwargs = adapter.forward_kwargs
-        with capture(modules, transforms) as store:
+        with capture(modules, transforms, inputs) as store:
             model.base_model(**self.inputs, **kwargs)
         self.input_norm = store.pop("x0")
         self.hidden = {int(key[1:]): value for key, value in store.items()}

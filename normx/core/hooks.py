@@ -17,7 +17,7 @@ no-op). Model-wide switches (eval mode, eager attention) are in :mod:`normx.core
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -43,13 +43,22 @@ def output_tensor(output) -> torch.Tensor:
 
 
 @contextmanager
-def hooked(modules: Mapping[str, nn.Module], on_call: OnCall) -> Iterator[None]:
+def hooked(modules: Mapping[str, nn.Module], on_call: OnCall, inputs: Collection[str] = ()) -> Iterator[None]:
     """Call ``on_call(key, args, kwargs, output)`` after each run of each named module *in this thread* during the
-    ``with`` body; a value it returns (not None) replaces the module's output. All hooks are removed on exit; on a
-    clean exit a module that never ran (in this thread) raises :class:`HookNotFiredError`."""
+    ``with`` body; a value it returns (not None) replaces the module's output. For the keys in ``inputs`` it is
+    called *before* the module runs instead, with ``output=None`` (its return value is ignored). All hooks are
+    removed on exit; on a clean exit a module that never ran (in this thread) raises :class:`HookNotFiredError`."""
     fired: set[str] = set()
     handles = []
     owner = threading.get_ident()
+
+    def make_pre_hook(key: str):
+        def hook(_module, args, kwargs):
+            if threading.get_ident() == owner:
+                fired.add(key)
+                on_call(key, args, kwargs, None)
+
+        return hook
 
     def make_hook(key: str):
         def hook(_module, args, *rest):
@@ -65,7 +74,10 @@ def hooked(modules: Mapping[str, nn.Module], on_call: OnCall) -> Iterator[None]:
 
     try:
         for key, module in modules.items():
-            handles.append(module.register_forward_hook(make_hook(key), with_kwargs=True))
+            if key in inputs:
+                handles.append(module.register_forward_pre_hook(make_pre_hook(key), with_kwargs=True))
+            else:
+                handles.append(module.register_forward_hook(make_hook(key), with_kwargs=True))
         yield
     finally:
         for handle in handles:
@@ -79,24 +91,30 @@ def hooked(modules: Mapping[str, nn.Module], on_call: OnCall) -> Iterator[None]:
 
 
 @contextmanager
-def capture(modules: Mapping[str, nn.Module], transforms: Mapping[str, Transform] | None = None
-            ) -> Iterator[dict[str, torch.Tensor]]:
+def capture(modules: Mapping[str, nn.Module], transforms: Mapping[str, Transform] | None = None,
+            inputs: Collection[str] = ()) -> Iterator[dict[str, torch.Tensor]]:
     """Record the output tensor of each named module during the body of the ``with`` block.
 
     ``modules`` maps a key of your choice to a module; the yielded dict is filled with ``key -> tensor`` as the
-    modules run (the last call wins if a module runs twice). ``transforms`` optionally maps a key to a function
-    applied to the tensor inside the hook, so only the transformed (usually much smaller) tensor is kept.
-    Nothing is stored for modules that were not asked for.
+    modules run (the last call wins if a module runs twice). For the keys in ``inputs`` the module's input hidden
+    state is recorded instead (its first positional argument, or its ``hidden_states`` keyword; the first call
+    wins). ``transforms`` optionally maps a key to a function applied to the tensor inside the hook, so only the
+    transformed (usually much smaller) tensor is kept. Nothing is stored for modules that were not asked for.
     """
     transforms = dict(transforms or {})
     store: dict[str, torch.Tensor] = {}
 
-    def on_call(key, _args, _kwargs, output):
-        tensor = output_tensor(output)
+    def on_call(key, args, kwargs, output):
+        if key in inputs:
+            if key in store:
+                return
+            tensor = output_tensor(args[0] if args else kwargs.get("hidden_states"))
+        else:
+            tensor = output_tensor(output)
         fn = transforms.get(key)
         store[key] = fn(tensor) if fn is not None else tensor
 
-    with hooked(modules, on_call):
+    with hooked(modules, on_call, inputs):
         yield store
 
 

@@ -14,10 +14,11 @@ from normx.core.concurrency import using
 from normx.core.forward import Pass
 from normx.core.inputs import Encoded, batches, encode, positive_int, resolve_max_length, text_inputs
 from normx.core.labels import LabelSpace
+from normx.core.verify import verified_adapter
 from normx.errors import InvalidInputError, LayerOutOfRangeError, PairNotSupportedError, PairRequiredError
 from normx.explanations.result import Explanation
 from normx.methods import Context, Method, get_method
-from normx.models import Adapter, HeadKind, get_adapter, unwrap_model
+from normx.models import Adapter, HeadKind, unwrap_model
 
 EMBEDDINGS = ("layer", "word")
 
@@ -137,7 +138,7 @@ def prepare(model, tokenizer, method: str = "normxlogit", target=None, layer=Non
     if embedding not in EMBEDDINGS:
         raise InvalidInputError(f"embedding={embedding!r} is not allowed; use one of {EMBEDDINGS}")
     base = unwrap_model(model)
-    adapter = get_adapter(model)
+    adapter = verified_adapter(model)
     if pair and (adapter.kind is not HeadKind.SEQUENCE_CLASSIFICATION
                  or getattr(base.config, "normx_inputs", "pair") == "single"):
         raise PairNotSupportedError(

@@ -43,7 +43,8 @@ class Adapter:
     Module references are dotted attribute paths from the (PEFT-unwrapped) model, e.g. ``"bert.encoder.layer"``,
     or functions ``model -> module``.
 
-    - ``embeddings``: the module whose output is x^0, i.e. ``hidden_states[0]`` of ``output_hidden_states``.
+    - ``embeddings``: the module whose output is x^0, i.e. ``hidden_states[0]`` of ``output_hidden_states``; or
+      ``None``: x^0 is the input of the first block (what ``hidden_states[0]`` is in every architecture).
     - ``blocks``: the module list of transformer blocks; block l's output is x^(l+1).
     - ``final_norm``: decoders only: the norm the model applies before its head (also applied to every x^l
       before the head is run on it).
@@ -62,7 +63,7 @@ class Adapter:
 
     family: str
     kind: HeadKind  # given as a HeadKind or its value
-    embeddings: ModuleRef
+    embeddings: ModuleRef | None
     blocks: ModuleRef
     head: HeadFn
     pooling: Pooling
@@ -101,10 +102,14 @@ class Adapter:
         return resolve(model, ref)
 
     def embedding_module(self, model: nn.Module, which: str = "layer") -> nn.Module:
+        """The word embedding table (``"word"``), or the module whose output is x^0 (``"layer"``; with
+        ``embeddings=None`` the first block, whose *input* x^0 is)."""
         if which == "word":
             if self.word_embeddings is not None:
                 return resolve(model, self.word_embeddings)
             return model.get_input_embeddings()
+        if self.embeddings is None:
+            return self.block_modules(model)[0]
         return resolve(model, self.embeddings)
 
     def block_modules(self, model: nn.Module) -> list[nn.Module]:

@@ -10,6 +10,7 @@ import transformers
 from safetensors import SafetensorError
 
 from normx.errors import ModelLoadError, UnsupportedModelError
+from normx.models.discovery import head_kind
 from normx.models.registry import supported_models
 
 TASKS = {
@@ -111,7 +112,7 @@ def _model_class(config, task: str | None, source: str):
     if task is not None:
         return getattr(transformers, TASKS[task])
     for arch in getattr(config, "architectures", None) or []:
-        if arch in supported:
+        if arch in supported or (head_kind(arch) is not None and hasattr(transformers, arch)):
             return getattr(transformers, arch)
     raise UnsupportedModelError(
         f"{source} declares architectures {getattr(config, 'architectures', None)}, none of which has a head normx "

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import threading
+import weakref
 from typing import TYPE_CHECKING
 
 from normx.errors import UnsupportedModelError
 from normx.models.adapter import Adapter
+from normx.models.discovery import NotDiscovered, discover
 from normx.models.families import builtin_adapters
 from normx.models.modules import unwrap_model
 
@@ -13,6 +16,8 @@ if TYPE_CHECKING:
     from torch import nn
 
 _REGISTRY: dict[str, Adapter] = builtin_adapters()
+_DISCOVERED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its discovered adapter
+_GUARD = threading.Lock()
 
 
 def register_adapter(class_name: str, adapter: Adapter, *, overwrite: bool = False) -> None:
@@ -25,7 +30,8 @@ def register_adapter(class_name: str, adapter: Adapter, *, overwrite: bool = Fal
 
 
 def supported_models() -> list[str]:
-    """Class names of the models normx can explain."""
+    """Class names with a registered adapter. Other architectures are discovered on first use
+    (:func:`get_adapter`); ``normx supported`` lists what was verified of transformers' architectures."""
     return sorted(_REGISTRY)
 
 
@@ -35,18 +41,30 @@ def registered_adapters() -> dict[str, Adapter]:
 
 
 def get_adapter(model: nn.Module) -> Adapter:
-    """The adapter for ``model`` (PEFT-wrapped or not); :class:`UnsupportedModelError` if there is none."""
-    name = type(unwrap_model(model)).__name__
-    try:
+    """The adapter for ``model`` (PEFT-wrapped or not): the one registered for its class, else one discovered from
+    its conventions (:mod:`normx.models.discovery`); :class:`UnsupportedModelError` with the reason if neither.
+    An adapter is checked against the model's own outputs before normx explains with it
+    (:func:`normx.core.verify.verified_adapter`)."""
+    base = unwrap_model(model)
+    name = type(base).__name__
+    if name in _REGISTRY:
         return _REGISTRY[name]
-    except KeyError:
+    with _GUARD:
+        found = _DISCOVERED.get(base)
+    if found is not None:
+        return found
+    try:
+        found = discover(base)
+    except NotDiscovered as exc:
         raise UnsupportedModelError(
-            f"normx has no head-on-top adapter for {name}. Supported model classes: "
-            + ", ".join(supported_models())
-            + ". A bare encoder (e.g. BertModel) has no head to explain: load it with a task head "
-            "(AutoModelForSequenceClassification, AutoModelForMaskedLM, AutoModelForCausalLM). To support another "
-            "class, describe it with normx.models.Adapter and call normx.register_adapter(class_name, adapter)."
+            f"normx cannot explain {name}: {exc}. A bare encoder (e.g. BertModel) has no head to explain: load it "
+            "with a task head (AutoModelForSequenceClassification, AutoModelForMaskedLM, AutoModelForCausalLM). "
+            "To support it, describe it with normx.models.Adapter and call normx.register_adapter(class_name, "
+            f"adapter). Registered classes: {', '.join(supported_models())}"
         ) from None
+    with _GUARD:
+        _DISCOVERED[base] = found
+    return found
 
 
 def encoder_reason(adapter: Adapter, methods: str, head_steps: bool = False) -> str | None:

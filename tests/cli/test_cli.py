@@ -59,7 +59,14 @@ def test_listings(capsys):
     out = capsys.readouterr().out
     assert all(name in out for name in ("normxlogit", "logat", "l2norm"))
     assert main(["supported"]) == 0
-    assert "LlamaForCausalLM" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "LlamaForCausalLM" in out and "GemmaForCausalLM" in out and "refused" in out
+    assert main(["supported", "--verdict", "refused"]) == 0
+    refused = capsys.readouterr().out
+    assert "AlbertForMaskedLM" in refused and "shared or grouped layers" in refused
+    assert "GemmaForCausalLM" not in refused
+    assert main(["supported", "--registered"]) == 0
+    assert capsys.readouterr().out.split() == normx.supported_models()
     assert main(["models"]) == 0
     assert "smollm2" in capsys.readouterr().out
 

@@ -265,10 +265,18 @@ def test_explain_with_a_hook_that_never_fires(monkeypatch):
                       head=normx.get_adapter(model).head, pooling="first")
     monkeypatch.setattr(normx.models.registry, "_REGISTRY", dict(normx.models.registry._REGISTRY))
     normx.register_adapter("MisdescribedBert", adapter)
-    with pytest.raises(HookNotFiredError, match=r"h2 \(Linear\)"):
+    # verified on first use, the adapter is refused before anything is explained with it
+    with pytest.raises(normx.UnsupportedModelError, match=r"does not match at the blocks: .*\(layer 2\)"):
         normx.explain(broken, tokenizer, "the film was a gripping story")
+    assert_no_hooks(broken)
+    # the capture itself: a hooked module that never runs is an error, and no hook is left behind
+    from normx.core.forward import Pass
+
+    inputs = {k: v for k, v in tokenizer("the film was a gripping story", return_tensors="pt").items()}
+    with pytest.raises(HookNotFiredError, match=r"h2 \(Linear\)"):
+        Pass(broken, adapter, inputs, [2]).run()
     assert_no_hooks(broken)
     # layer 1 alone is hooked on a module that runs; the last layer (always captured) still is not
     with pytest.raises(HookNotFiredError, match=r"Linear"):
-        normx.explain(broken, tokenizer, "the film was a gripping story", layer=1)
+        Pass(broken, adapter, inputs, [1]).run()
     assert_no_hooks(broken)
