@@ -5,7 +5,8 @@ from them), refused (with the reason), or transformers itself fails on the shrun
 
 Writes ``normx/models/coverage.json`` (what ``normx supported`` prints) and ``docs/supported.md``:
 
-    python bench/architecture_coverage.py          # about 8 minutes on a 2-core CPU
+    python bench/architecture_coverage.py                  # about 8 minutes on a 2-core CPU
+    python bench/architecture_coverage.py AlbertForMaskedLM  # only these again; the others kept from the file
 """
 
 from __future__ import annotations
@@ -26,17 +27,25 @@ KINDS = {"causal_lm": "causal LM", "masked_lm": "masked LM", "sequence_classific
 
 
 def main() -> int:
+    only = set(sys.argv[1:])
+    file = ROOT / "normx" / "models" / "coverage.json"
+    kept = {(row["head"], row["model_type"], row["class"]): row
+            for row in json.loads(file.read_text())["architectures"]} if only else {}
+    previous = json.loads(file.read_text())["summary"] if only else {}
     started = time.time()
     rows = []
     for kind, model_type, name in architectures.architectures():
+        if only and name not in only and (kind, model_type, name) in kept:
+            rows.append(kept[kind, model_type, name])
+            continue
         result, detail = architectures.verdict(kind, model_type, name)
         rows.append({"class": name, "model_type": model_type, "head": kind, "verdict": result, "detail": detail})
         print(f"{name:<50} {result:<20} {detail[:90]}", file=sys.stderr)
     counts = Counter((row["head"], row["verdict"]) for row in rows)
-    summary = {"transformers": transformers.__version__, "seconds": round(time.time() - started),
+    summary = {"transformers": transformers.__version__,
+               "seconds": previous.get("seconds", round(time.time() - started)),
                "date": time.strftime("%Y-%m-%d"), "counts": {f"{k}/{v}": n for (k, v), n in sorted(counts.items())}}
-    (ROOT / "normx" / "models" / "coverage.json").write_text(json.dumps({"summary": summary, "architectures": rows},
-                                                                      indent=1) + "\n")
+    file.write_text(json.dumps({"summary": summary, "architectures": rows}, indent=1) + "\n")
     (ROOT / "docs" / "supported.md").write_text(markdown(rows, summary))
     return 0
 

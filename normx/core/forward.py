@@ -7,10 +7,13 @@ token's representation at a captured layer (what the head-on-top methods score).
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from normx._torch import torch
 from normx.core.hooks import capture
+from normx.errors import HookNotFiredError
 from normx.models import Adapter
 
 
@@ -37,24 +40,11 @@ class Pass:
 
     def run(self) -> Pass:
         model, adapter = self.model, self.adapter
-        num_layers = adapter.num_layers(model)
-        blocks = adapter.block_modules(model)
-        # x^0: the embedding module's output, or (adapter.embeddings None) the first block's input
-        first_input = adapter.embeddings is None
-        layer_output = blocks[0] if first_input else adapter.embedding_module(model, "layer")
-        word = self.embedding == "word"
-        modules = {"x0": adapter.embedding_module(model, "word") if word else layer_output}
-        inputs = {"x0"} if first_input and not word else set()
-        for layer in sorted(set(self.layers) | set(self.reads) | {num_layers}):
-            modules[f"h{layer}"] = layer_output if layer == 0 else blocks[layer - 1]
-        if first_input and "h0" in modules:
-            inputs.add("h0")
-        transforms = {"x0": lambda t: t.float().norm(dim=-1)}  # keep only the norms of x^0, not x^0 itself
-        kwargs = adapter.forward_kwargs
-        with capture(modules, transforms, inputs) as store:
-            model.base_model(**self.inputs, **kwargs)
-        self.input_norm = store.pop("x0")
-        self.hidden = {int(key[1:]): value for key, value in store.items()}
+        layers = sorted(set(self.layers) | set(self.reads) | {adapter.num_layers(model)})
+        with capture_layers(model, adapter, layers, self.embedding) as captured:
+            model.base_model(**self.inputs, **adapter.forward_kwargs)
+        self.input_norm = captured["x0"].float().norm(dim=-1)  # [B, T]: only the norms of x^0 are kept
+        self.hidden = {layer: captured[layer] for layer in layers}
         return self.locate()
 
     def locate(self) -> Pass:
@@ -91,3 +81,39 @@ class Pass:
         """||x_i^l|| for the requested layers [B, len(layers), T]; layer 0 is the chosen input embedding."""
         norms = [self.input_norm if layer == 0 else self.hidden[layer].float().norm(dim=-1) for layer in self.layers]
         return torch.stack(norms, dim=1)
+
+
+@contextmanager
+def capture_layers(model, adapter: Adapter, layers: Iterable[int], embedding: str = "layer"
+                   ) -> Iterator[dict]:
+    """Hook the adapter's capture points for one forward pass run in the body; the yielded dict is filled, after the
+    body, with ``"x0"`` (the chosen input embedding: ``"layer"``, hidden_states[0], or ``"word"``) and x^l for each
+    of ``layers`` (0 = embedding output, l = block l's output). A block module that the adapter lists several times
+    (layers shared across the stack) is read at each of its calls in order."""
+    blocks = adapter.block_modules(model)
+    first_input = adapter.embeddings is None  # x^0 is the first block's input
+    layer_output = blocks[0] if first_input else adapter.embedding_module(model, "layer")
+    word = embedding == "word"
+    modules = {"x0": adapter.embedding_module(model, "word") if word else layer_output}
+    inputs = {"x0"} if first_input and not word else set()
+    if 0 in layers:
+        modules["h0"] = layer_output
+        inputs |= {"h0"} if first_input else set()
+    unique = {id(block): index for index, block in reversed(list(enumerate(blocks)))}  # module -> its first index
+    for index in {unique[id(blocks[layer - 1])] for layer in layers if layer > 0}:
+        modules[f"h{index + 1}"] = blocks[index]  # keyed by the first layer whose output it gives
+    calls = {key for key in modules if key.startswith("h") and key != "h0"}
+    captured: dict = {}
+    with capture(modules, inputs=inputs, every_call=calls) as store:
+        yield captured
+    captured["x0"] = store["x0"]
+    if 0 in layers:
+        captured[0] = store["h0"]
+    for layer in (layer for layer in layers if layer > 0):
+        block = blocks[layer - 1]
+        call = sum(other is block for other in blocks[:layer - 1])  # how many times it ran before layer's call
+        runs = store[f"h{unique[id(block)] + 1}"]
+        if call >= len(runs):
+            raise HookNotFiredError(f"block {layer} ({type(block).__name__}) ran {len(runs)} time(s) in the forward "
+                                    f"pass, not the {call + 1} the adapter's stack of blocks says")
+        captured[layer] = runs[call]

@@ -92,17 +92,18 @@ def hooked(modules: Mapping[str, nn.Module], on_call: OnCall, inputs: Collection
 
 @contextmanager
 def capture(modules: Mapping[str, nn.Module], transforms: Mapping[str, Transform] | None = None,
-            inputs: Collection[str] = ()) -> Iterator[dict[str, torch.Tensor]]:
+            inputs: Collection[str] = (), every_call: Collection[str] = ()) -> Iterator[dict[str, torch.Tensor]]:
     """Record the output tensor of each named module during the body of the ``with`` block.
 
     ``modules`` maps a key of your choice to a module; the yielded dict is filled with ``key -> tensor`` as the
-    modules run (the last call wins if a module runs twice). For the keys in ``inputs`` the module's input hidden
-    state is recorded instead (its first positional argument, or its ``hidden_states`` keyword; the first call
-    wins). ``transforms`` optionally maps a key to a function applied to the tensor inside the hook, so only the
-    transformed (usually much smaller) tensor is kept. Nothing is stored for modules that were not asked for.
+    modules run (the last call wins if a module runs twice; for the keys in ``every_call``, a list of every call's
+    tensor in order). For the keys in ``inputs`` the module's input hidden state is recorded instead (its first
+    positional argument, or its ``hidden_states`` keyword; the first call wins). ``transforms`` optionally maps a
+    key to a function applied to the tensor inside the hook, so only the transformed (usually much smaller) tensor
+    is kept. Nothing is stored for modules that were not asked for.
     """
     transforms = dict(transforms or {})
-    store: dict[str, torch.Tensor] = {}
+    store: dict[str, torch.Tensor] = {key: [] for key in every_call}
 
     def on_call(key, args, kwargs, output):
         if key in inputs:
@@ -112,7 +113,11 @@ def capture(modules: Mapping[str, nn.Module], transforms: Mapping[str, Transform
         else:
             tensor = output_tensor(output)
         fn = transforms.get(key)
-        store[key] = fn(tensor) if fn is not None else tensor
+        tensor = fn(tensor) if fn is not None else tensor
+        if key in every_call:
+            store[key].append(tensor)
+        else:
+            store[key] = tensor
 
     with hooked(modules, on_call, inputs):
         yield store

@@ -23,7 +23,7 @@ import weakref
 
 from normx._torch import torch
 from normx.core.concurrency import using
-from normx.core.hooks import capture
+from normx.core.forward import capture_layers
 from normx.errors import UnsupportedModelError
 from normx.models import Adapter, HeadKind, get_adapter, unwrap_model
 
@@ -78,13 +78,13 @@ def verify(model, adapter: Adapter) -> None:
         raise _refuse(name, adapter, "embeddings", f"no probe input can be made for it ({exc})") from None
     try:
         blocks = adapter.block_modules(base)
-        modules = {"x0": adapter.embedding_module(base, "layer")}
-        modules.update({f"h{i}": block for i, block in enumerate(blocks, 1)})
+        adapter.embedding_module(base, "layer")
     except (AttributeError, TypeError) as exc:
         raise _refuse(name, adapter, "blocks", f"its module paths do not resolve ({exc})") from None
     with using(model), torch.no_grad():
-        with capture(modules, inputs={"x0"} if adapter.embeddings is None else ()) as store:
+        with capture_layers(base, adapter, range(1, len(blocks) + 1)) as captured:
             out = base(**inputs, **adapter.forward_kwargs, output_hidden_states=True)
+        store = {"x0": captured["x0"], **{f"h{layer}": captured[layer] for layer in range(1, len(blocks) + 1)}}
         hidden = getattr(out, "hidden_states", None)
         tolerance = TOLERANCE.get(next(base.parameters()).dtype, 1e-4)
         if hidden is not None:

@@ -45,7 +45,8 @@ class Adapter:
 
     - ``embeddings``: the module whose output is x^0, i.e. ``hidden_states[0]`` of ``output_hidden_states``; or
       ``None``: x^0 is the input of the first block (what ``hidden_states[0]`` is in every architecture).
-    - ``blocks``: the module list of transformer blocks; block l's output is x^(l+1).
+    - ``blocks``: the module list of transformer blocks; block l's output is x^(l+1). A module may appear several
+      times, in the order it runs (layers shared across the stack, as in ALBERT): each call is read in turn.
     - ``final_norm``: decoders only: the norm the model applies before its head (also applied to every x^l
       before the head is run on it).
     - ``head(model, h, columns)``: the head-on-top applied to token representations ``h`` of shape [N, hidden]

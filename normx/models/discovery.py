@@ -4,7 +4,8 @@ What NormXLogit needs of a model is the same in every architecture that follows 
 
 - the head's kind, from transformers' own auto-model mappings (the class is listed as a causal LM, a masked LM or a
   sequence classifier);
-- the stack of blocks: the module list of ``config.num_hidden_layers`` blocks inside ``model.base_model``;
+- the stack of blocks: the module list of ``config.num_hidden_layers`` blocks inside ``model.base_model`` (or, for
+  layers shared in ``num_hidden_groups`` groups as in ALBERT, each group once per layer it runs for);
 - x^0, ``hidden_states[0]``: the input of the first block (``Adapter.embeddings=None``; scaled embeddings such as
   Gemma's and embedding projections are inside it);
 - the final norm: the norm module registered after the blocks in the module that holds them (decoders);
@@ -13,7 +14,8 @@ What NormXLogit needs of a model is the same in every architecture that follows 
 
 Nothing here is trusted: :mod:`normx.core.verify` checks every adapter against the model's own outputs on first
 use, and a model that does not fit is refused with the part that failed. What is refused here, with its reason:
-encoder-decoder models, a stack of blocks that is not one module list of ``num_hidden_layers`` (shared layers), and
+encoder-decoder models, a stack of blocks that is neither one module list of ``num_hidden_layers`` nor shared
+groups, and
 heads this module does not describe (encoder classifiers and masked-LM heads of unregistered families: register an
 adapter for them).
 """
@@ -70,7 +72,7 @@ def discover(model: nn.Module) -> Adapter:
     if base is model:
         raise NotDiscovered("it has no base model (base_model is the model itself)")
     prefix = _path(model, base)
-    blocks, parent = _blocks(base, config)
+    blocks, parent, groups = _blocks(base, config)
     pooling = "last" if kind is HeadKind.CAUSAL_LM else "mask" if kind is HeadKind.MASKED_LM else None
     if kind is HeadKind.SEQUENCE_CLASSIFICATION:
         if _is_linear(getattr(model, "score", None)):  # a decoder's score layer, pooled at the last real token
@@ -84,8 +86,10 @@ def discover(model: nn.Module) -> Adapter:
         _head_modules(model, base, "LM")
         head = _lm_head
     norm = _final_norm(base, parent, blocks)
+    path = ".".join(filter(None, (prefix, blocks)))
+    layers = (config.get_text_config() if hasattr(config, "get_text_config") else config).num_hidden_layers
     return Adapter(family=f"{config.model_type} (discovered)", kind=kind, embeddings=None,
-                   blocks=".".join(filter(None, (prefix, blocks))), head=head, pooling=pooling,
+                   blocks=path if groups is None else _shared(path, groups, layers), head=head, pooling=pooling,
                    final_norm=None if norm is None else ".".join(filter(None, (prefix, norm))))
 
 
@@ -96,21 +100,39 @@ def _path(root: nn.Module, module: nn.Module) -> str:
     raise NotDiscovered("its base model is not one of its modules")
 
 
-def _blocks(base: nn.Module, config) -> tuple[str, str]:
-    """(dotted path of the module list of num_hidden_layers blocks, path of the module that holds it)."""
+def _blocks(base: nn.Module, config) -> tuple[str, str, int | None]:
+    """(dotted path of the module list of blocks, path of the module that holds it, and for layers shared in
+    ``num_hidden_groups`` groups (ALBERT) the number of groups, else None)."""
     from torch import nn
 
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     layers = getattr(text, "num_hidden_layers", None)
     if not isinstance(layers, int) or layers < 1:
         raise NotDiscovered("its config has no num_hidden_layers")
-    found = [name for name, module in base.named_modules()
-             if isinstance(module, nn.ModuleList) and len(module) == layers
-             and len({type(block) for block in module}) <= 2]
+
+    def lists(length: int) -> list[str]:
+        return [name for name, module in base.named_modules()
+                if isinstance(module, nn.ModuleList) and len(module) == length
+                and len({type(block) for block in module}) <= 2]
+
+    found, groups = lists(layers), None
+    if not found:  # layers shared across the stack: num_hidden_groups groups, each run layers / groups times
+        groups = getattr(text, "num_hidden_groups", None)
+        if isinstance(groups, int) and groups >= 1 and layers % groups == 0:
+            found = lists(groups)
     if not found:
         raise NotDiscovered(f"no module list of its num_hidden_layers={layers} blocks (shared or grouped layers)")
     path = min(found, key=lambda name: name.count("."))  # the outermost
-    return path, path.rpartition(".")[0]
+    return path, path.rpartition(".")[0], groups
+
+
+def _shared(path: str, groups: int, layers: int):
+    """The blocks of a stack whose ``groups`` modules each run ``layers / groups`` times in turn, in call order."""
+    def blocks(model: nn.Module) -> list[nn.Module]:
+        stack = model.get_submodule(path)
+        return [stack[i * groups // layers] for i in range(layers)]
+
+    return blocks
 
 
 def _final_norm(base: nn.Module, parent: str, blocks: str) -> str | None:

@@ -142,12 +142,24 @@ def test_modernbert_mean_pooling_is_refused_with_the_reason():
         normx.explain(model, tiny.bpe_tokenizer("roberta"), TEXTS[0])
 
 
-@pytest.mark.parametrize("kind", ["AlbertForSequenceClassification", "AlbertForMaskedLM"])
-def test_shared_layers_are_refused_with_the_reason(kind):
-    head = "sequence_classification" if "Sequence" in kind else "masked_lm"
-    model = build("albert", kind, head)
-    with pytest.raises(normx.UnsupportedModelError, match="shared or grouped layers"):
-        normx.explain(model, tiny.bpe_tokenizer("roberta"), TEXTS[0] + " <mask>")
+@pytest.mark.parametrize("name", ["AlbertForSequenceClassification", "AlbertForMaskedLM"])
+def test_albert_shared_layers_are_read_at_each_call(name):
+    """ALBERT runs one shared group of layers num_hidden_layers times: x^l is the group's l-th output, as the
+    model's own hidden_states say (the l2 norms at every layer), and NormXLogit matches the model's outputs."""
+    kind = "sequence_classification" if "Sequence" in name else "masked_lm"
+    model = build("albert", name, kind, num_hidden_layers=3, num_hidden_groups=1)
+    blocks = get_adapter(model).block_modules(model)
+    assert len(blocks) == 3 and blocks[0] is blocks[1] is blocks[2]
+    tok = tiny.bpe_tokenizer("roberta")
+    text = TEXTS[0] + (" <mask>" if kind == "masked_lm" else "")
+    e = normx.explain(model, tok, text, method="l2norm", layer="all")
+    ids = torch.tensor([tok(text)["input_ids"]])
+    with torch.no_grad():
+        hidden = model(input_ids=ids, attention_mask=torch.ones_like(ids), output_hidden_states=True).hidden_states
+    want = np.stack([h[0].float().norm(dim=-1).numpy() for h in hidden])
+    np.testing.assert_allclose(e.scores[0], want, rtol=1e-5, atol=1e-5)
+    assert np.abs(np.diff(want, axis=0)).min(axis=1).max() > 1e-3  # the layers differ: each call was read
+    assert architectures.reference_check(model, kind) < 1e-4
 
 
 def test_encoder_decoder_models_are_refused_with_the_reason():
