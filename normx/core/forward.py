@@ -73,9 +73,13 @@ class Pass:
 
     def pooled_logits(self) -> torch.Tensor:
         """The model's prediction logits [B, C] (all classes, or the whole vocabulary), from the last layer."""
-        last = self.head_input(max(self.hidden))
-        rows = torch.arange(last.shape[0], device=last.device)
-        return self.adapter.head(self.model, last[rows, self.pooled], None)
+        return self.pooled_head(self.head_input(max(self.hidden)))
+
+    def pooled_head(self, hidden: torch.Tensor, columns: torch.Tensor | None = None) -> torch.Tensor:
+        """The head on what it reads for the prediction (the pooled position, or the mean: ``Adapter.pool``) of
+        ``hidden`` [B, T, H] -> [B, C]."""
+        return self.adapter.head(self.model, self.adapter.pool(hidden, self.pooled, self.inputs["attention_mask"]),
+                                 columns)
 
     def hidden_norms(self) -> torch.Tensor:
         """||x_i^l|| for the requested layers [B, len(layers), T]; layer 0 is the chosen input embedding."""

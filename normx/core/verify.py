@@ -106,9 +106,8 @@ def verify(model, adapter: Adapter) -> None:
         norm = adapter.norm_module(base)
         normed = last if norm is None else norm(last)
         positions = _positions(adapter, base, inputs)
-        rows = torch.arange(last.shape[0], device=last.device)
-        want = out.logits  # [B, T, V] of an LM head; a classifier's [B, C], read at its pooled position
-        at = normed if positions is None else normed[rows, positions][:, None]
+        want = out.logits  # [B, T, V] of an LM head; a classifier's [B, C], read at what it pools
+        at = normed if positions is None else adapter.pool(normed, positions, inputs["attention_mask"])[:, None]
         try:
             got = adapter.head(base, at.reshape(-1, at.shape[-1]), None).reshape(*at.shape[:-1], -1)
         except (RuntimeError, TypeError, AttributeError, IndexError) as exc:

@@ -17,9 +17,8 @@ def logat_at(ctx: Context, layer: int) -> torch.Tensor:
     run = ctx.run
     hidden = run.head_input(layer)
     if ctx.labels.regression:
-        rows = torch.arange(ctx.columns.shape[0], device=ctx.columns.device)
         out = run.head(hidden).float()  # [B, T, 1]
-        pooled = out[rows, run.pooled]  # HoT(CLS) at the same layer
+        pooled = run.pooled_head(hidden).float()  # HoT(CLS) (or of the mean) at the same layer
         return (out - pooled[:, None, :]).abs().permute(0, 2, 1)
     wanted = ctx.labels.head_columns(ctx.columns, ctx.foil)
     out = run.head(hidden, wanted.vocab).float()  # [B, T, C], or [B, T, U] at the needed vocabulary columns only

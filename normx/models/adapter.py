@@ -15,7 +15,7 @@ from normx.models.modules import ModuleRef, resolve
 if TYPE_CHECKING:  # torch is imported by the functions that run models, not on import (instant `normx supported`)
     from torch import nn
 
-Pooling = Literal["first", "last", "mask"]
+Pooling = Literal["first", "last", "mask", "mean"]
 HeadFn = "Callable[[nn.Module, torch.Tensor, torch.Tensor | None], torch.Tensor]"
 
 
@@ -53,7 +53,9 @@ class Adapter:
       as if each were the pooled token; returns [N, C]. For LM heads ``columns`` (a LongTensor of vocabulary
       ids) selects the output columns; ``None`` means all of them.
     - ``pooling``: the position whose head output is the model's prediction: ``"first"`` ([CLS]), ``"last"``
-      (last non-padding token: decoders) or ``"mask"`` (the mask token, for masked-LM heads).
+      (last non-padding token: decoders) or ``"mask"`` (the mask token, for masked-LM heads); or ``"mean"``: the
+      head reads the mean of the real tokens' representations (ModernBERT's ``classifier_pooling="mean"``), so
+      LogAt is the head on each token's representation alone; the first token stands as the pooled position.
     - ``reserved_positions(config)``: position-table rows the model keeps for itself (RoBERTa-style tables
       reserve ``padding_idx + 1``), so the longest input is the table's size minus these.
     - ``encoder_block``: for post-LayerNorm BERT-style encoders, where a block keeps its parts
@@ -129,7 +131,7 @@ class Adapter:
         or the first mask token (``"mask"``; :class:`InvalidInputError` for a row without one)."""
         mask = inputs["attention_mask"]
         positions = torch.arange(mask.shape[1], device=mask.device)
-        if self.pooling == "first":
+        if self.pooling in ("first", "mean"):
             return (mask * (mask.shape[1] - positions)).argmax(-1)  # first non-padding position
         if self.pooling == "last":
             keep = mask
@@ -148,3 +150,11 @@ class Adapter:
                 "contain no mask token; put the tokenizer's mask token where the word to predict goes"
             )
         return found.int().argmax(-1)  # the first mask token
+
+    def pool(self, hidden: torch.Tensor, pooled: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """What the head reads of ``hidden`` [B, T, H] for the prediction: the pooled positions [B], or with
+        ``"mean"`` pooling the mean over the real tokens (``mask`` [B, T])."""
+        if self.pooling == "mean":
+            weights = mask.to(hidden.dtype)[..., None]
+            return (hidden * weights).sum(1) / weights.sum(1).clamp_min(1)
+        return hidden[torch.arange(hidden.shape[0], device=hidden.device), pooled]

@@ -10,7 +10,9 @@ What NormXLogit needs of a model is the same in every architecture that follows 
   Gemma's and embedding projections are inside it);
 - the final norm: the norm module registered after the blocks in the module that holds them (decoders);
 - the head: ``get_output_embeddings()`` for LM heads, with the final logit transform the config names
-  (soft-capping, a logit scale); the ``score`` layer of decoder classifiers, pooled at the last real token.
+  (soft-capping, a logit scale); the ``score`` layer of decoder classifiers, pooled at the last real token; an
+  encoder's classification head through the base model's pooler, pooled at the first token, or over every token
+  where the config says ``classifier_pooling="mean"`` (then LogAt is the head on each token's representation).
 
 Nothing here is trusted: :mod:`normx.core.verify` checks every adapter against the model's own outputs on first
 use, and a model that does not fit is refused with the part that failed. What is refused here, with its reason:
@@ -77,9 +79,10 @@ def discover(model: nn.Module) -> Adapter:
     if kind is HeadKind.SEQUENCE_CLASSIFICATION:
         if _is_linear(getattr(model, "score", None)):  # a decoder's score layer, pooled at the last real token
             head, pooling = _score_head, "last"
-        else:  # an encoder's classification head, pooled at the first token
+        else:  # an encoder's classification head, pooled at the first token or over every token (the config says)
             _head_modules(model, base, "classification")
-            head, pooling = _classifier_head, "first"
+            mean = getattr(config, "classifier_pooling", None) == "mean"
+            head, pooling = _classifier_head, "mean" if mean else "first"
     else:
         if model.get_output_embeddings() is None:
             raise NotDiscovered("it has no output embeddings (get_output_embeddings() is None)")

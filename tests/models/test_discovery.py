@@ -133,13 +133,24 @@ def test_modernbert_cls_pooling_is_the_head_on_each_token():
     assert e.prediction == model.config.id2label[int(logits.argmax())]
 
 
-def test_modernbert_mean_pooling_is_refused_with_the_reason():
-    """Mean pooling has no pooled token: the head at the first token is not the model's prediction, and
-    verification says so instead of explaining it wrongly."""
+def test_modernbert_mean_pooling_is_the_head_on_each_tokens_representation():
+    """With classifier_pooling="mean" the model's head reads the mean of the tokens: the prediction is that, and
+    LogAt is the model's own head modules run on each token's (final-normed) representation alone."""
     model = build("modernbert", "ModernBertForSequenceClassification", "sequence_classification",
                   classifier_pooling="mean")
-    with pytest.raises(normx.UnsupportedModelError, match="does not match at the head"):
-        normx.explain(model, tiny.bpe_tokenizer("roberta"), TEXTS[0])
+    assert verify.verified_adapter(model).pooling == "mean"
+    tok = tiny.bpe_tokenizer("roberta")
+    ids = torch.tensor([tok(TEXTS[1])["input_ids"]])
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits[0]
+        last = model.model(input_ids=ids, attention_mask=torch.ones_like(ids)).last_hidden_state[0]
+        per_token = model.classifier(model.drop(model.head(last)))  # [T, C]: the head on each token alone
+    label = int(logits.argmax())
+    e = normx.explain(model, tok, TEXTS[1], method="logat")
+    assert e.prediction == model.config.id2label[label]
+    np.testing.assert_allclose(e.score, per_token[:, label].numpy(), rtol=1e-4, atol=1e-5)
+    e = normx.explain(model, tok, TEXTS[1], method="gradient_x_input")  # gradients differentiate the mean's head
+    assert np.isfinite(e.score).all() and e.prediction == model.config.id2label[label]
 
 
 @pytest.mark.parametrize("name", ["AlbertForSequenceClassification", "AlbertForMaskedLM"])
