@@ -79,10 +79,10 @@ def discover(model: nn.Module) -> Adapter:
     if kind is HeadKind.SEQUENCE_CLASSIFICATION:
         if _is_linear(getattr(model, "score", None)):  # a decoder's score layer, pooled at the last real token
             head, pooling = _score_head, "last"
-        else:  # an encoder's classification head, pooled at the first token or over every token (the config says)
-            _head_modules(model, base, "classification")
-            mean = getattr(config, "classifier_pooling", None) == "mean"
-            head, pooling = _classifier_head, "mean" if mean else "first"
+        else:  # a classification head pooled over every token (the config says), at the last token of a decoder
+            _head_modules(model, base, "classification")  # (its model type has a causal LM and no masked LM), or
+            mean = getattr(config, "classifier_pooling", None) == "mean"  # at an encoder's first token
+            head, pooling = _classifier_head, "mean" if mean else "last" if _decoder(config) else "first"
     else:
         if model.get_output_embeddings() is None:
             raise NotDiscovered("it has no output embeddings (get_output_embeddings() is None)")
@@ -94,6 +94,14 @@ def discover(model: nn.Module) -> Adapter:
     return Adapter(family=f"{config.model_type} (discovered)", kind=kind, embeddings=None,
                    blocks=path if groups is None else _shared(path, groups, layers), head=head, pooling=pooling,
                    final_norm=None if norm is None else ".".join(filter(None, (prefix, norm))))
+
+
+def _decoder(config) -> bool:
+    """The model type has a causal LM in transformers' mappings and no masked LM: a left-to-right decoder."""
+    from transformers.models.auto import modeling_auto as auto
+
+    kind = getattr(config, "model_type", None)
+    return kind in auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and kind not in auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES
 
 
 def _path(root: nn.Module, module: nn.Module) -> str:
@@ -200,8 +208,8 @@ def _lm_head(model, h, columns=None):
 
 
 def _classifier_head(model, h, columns=None):
-    """An encoder's classification head on each token as if it were the pooled first token: the base's pooler (and
-    its activation) when it has one, then the head's modules, given each token as a length-1 sequence."""
+    """A classification head on each token as if it were the pooled one: the base's pooler (and its activation)
+    when it has one, then the head's modules, given each token as a length-1 sequence."""
     base = model.base_model
     x = h[:, None, :]
     pooler = getattr(base, "pooler", None)
