@@ -7,7 +7,8 @@ token's representation at a captured layer (what the head-on-top methods score).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -41,9 +42,10 @@ class Pass:
     def run(self) -> Pass:
         model, adapter = self.model, self.adapter
         layers = sorted(set(self.layers) | set(self.reads) | {adapter.num_layers(model)})
-        with capture_layers(model, adapter, layers, self.embedding) as captured:
+        # only the norms of x^0 are kept, not x^0 itself
+        with capture_layers(model, adapter, layers, self.embedding, x0=lambda t: t.float().norm(dim=-1)) as captured:
             model.base_model(**self.inputs, **adapter.forward_kwargs)
-        self.input_norm = captured["x0"].float().norm(dim=-1)  # [B, T]: only the norms of x^0 are kept
+        self.input_norm = captured["x0"]  # [B, T]
         self.hidden = {layer: captured[layer] for layer in layers}
         return self.locate()
 
@@ -88,12 +90,13 @@ class Pass:
 
 
 @contextmanager
-def capture_layers(model, adapter: Adapter, layers: Iterable[int], embedding: str = "layer"
-                   ) -> Iterator[dict]:
+def capture_layers(model, adapter: Adapter, layers: Iterable[int], embedding: str = "layer",
+                   x0: Callable[[torch.Tensor], torch.Tensor] | None = None) -> Iterator[dict]:
     """Hook the adapter's capture points for one forward pass run in the body; the yielded dict is filled, after the
-    body, with ``"x0"`` (the chosen input embedding: ``"layer"``, hidden_states[0], or ``"word"``) and x^l for each
-    of ``layers`` (0 = embedding output, l = block l's output). A block module that the adapter lists several times
-    (layers shared across the stack) is read at each of its calls in order."""
+    body, with ``"x0"`` (the chosen input embedding: ``"layer"``, hidden_states[0], or ``"word"``; passed through
+    ``x0`` inside the hook when given, so only what it returns is kept) and x^l for each of ``layers`` (0 = embedding
+    output, l = block l's output). A block module that the adapter lists several times (layers shared across the
+    stack) is read at each of its calls in order."""
     blocks = adapter.block_modules(model)
     first_input = adapter.embeddings is None  # x^0 is the first block's input
     layer_output = blocks[0] if first_input else adapter.embedding_module(model, "layer")
@@ -103,21 +106,25 @@ def capture_layers(model, adapter: Adapter, layers: Iterable[int], embedding: st
     if 0 in layers:
         modules["h0"] = layer_output
         inputs |= {"h0"} if first_input else set()
-    unique = {id(block): index for index, block in reversed(list(enumerate(blocks)))}  # module -> its first index
-    for index in {unique[id(blocks[layer - 1])] for layer in layers if layer > 0}:
-        modules[f"h{index + 1}"] = blocks[index]  # keyed by the first layer whose output it gives
+    first, call, seen = {}, [], Counter()  # a module's first index in the stack; which of its calls each block is
+    for index, block in enumerate(blocks):
+        first.setdefault(id(block), index)
+        call.append(seen[id(block)])
+        seen[id(block)] += 1
+    for layer in layers:
+        if layer > 0:  # keyed by the first layer whose output the module gives
+            modules[f"h{first[id(blocks[layer - 1])] + 1}"] = blocks[layer - 1]
     calls = {key for key in modules if key.startswith("h") and key != "h0"}
     captured: dict = {}
-    with capture(modules, inputs=inputs, every_call=calls) as store:
+    with capture(modules, None if x0 is None else {"x0": x0}, inputs=inputs, every_call=calls) as store:
         yield captured
     captured["x0"] = store["x0"]
     if 0 in layers:
         captured[0] = store["h0"]
     for layer in (layer for layer in layers if layer > 0):
-        block = blocks[layer - 1]
-        call = sum(other is block for other in blocks[:layer - 1])  # how many times it ran before layer's call
-        runs = store[f"h{unique[id(block)] + 1}"]
-        if call >= len(runs):
+        block, nth = blocks[layer - 1], call[layer - 1]
+        runs = store[f"h{first[id(block)] + 1}"]
+        if nth >= len(runs):
             raise HookNotFiredError(f"block {layer} ({type(block).__name__}) ran {len(runs)} time(s) in the forward "
-                                    f"pass, not the {call + 1} the adapter's stack of blocks says")
-        captured[layer] = runs[call]
+                                    f"pass, not the {nth + 1} the adapter's stack of blocks says")
+        captured[layer] = runs[nth]

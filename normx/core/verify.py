@@ -84,25 +84,25 @@ def verify(model, adapter: Adapter) -> None:
     with using(model), torch.no_grad():
         with capture_layers(base, adapter, range(1, len(blocks) + 1)) as captured:
             out = base(**inputs, **adapter.forward_kwargs, output_hidden_states=True)
-        store = {"x0": captured["x0"], **{f"h{layer}": captured[layer] for layer in range(1, len(blocks) + 1)}}
         hidden = getattr(out, "hidden_states", None)
         tolerance = TOLERANCE.get(next(base.parameters()).dtype, 1e-4)
         if hidden is not None:
             if len(hidden) != len(blocks) + 1:
                 raise _refuse(name, adapter, "blocks", f"the model reports {len(hidden) - 1} layers, the adapter "
                                                        f"has {len(blocks)} blocks")
-            _check(name, adapter, "embeddings", store["x0"], hidden[0], tolerance)
+            _check(name, adapter, "embeddings", captured["x0"], hidden[0], tolerance)
             for layer in range(1, len(blocks)):
-                _check(name, adapter, "blocks", store[f"h{layer}"], hidden[layer], tolerance, f" (layer {layer})")
+                _check(name, adapter, "blocks", captured[layer], hidden[layer], tolerance, f" (layer {layer})")
             # the last block too where no final norm follows it (decoders report their last layer after the norm):
             # a block of another shape is a wrong block, the same shape with other values a final norm left out
-            last, reported = store[f"h{len(blocks)}"], hidden[len(blocks)]
-            if adapter.final_norm is None and _off(last, reported) > tolerance:
+            last, reported = captured[len(blocks)], hidden[len(blocks)]
+            off = _off(last, reported)
+            if adapter.final_norm is None and off > tolerance:
                 if last.shape != reported.shape:
                     _check(name, adapter, "blocks", last, reported, tolerance, f" (layer {len(blocks)})")
                 raise _refuse(name, adapter, "final norm", "the model reports its last layer after a transformation "
-                              f"the adapter does not apply (off by {_off(last, reported):.3g} of its scale)")
-        last = store[f"h{len(blocks)}"]
+                              f"the adapter does not apply (off by {off:.3g} of its scale)")
+        last = captured[len(blocks)]
         norm = adapter.norm_module(base)
         normed = last if norm is None else norm(last)
         positions = _positions(adapter, base, inputs)
