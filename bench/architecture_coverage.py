@@ -67,16 +67,18 @@ def markdown(rows: list[dict], summary: dict) -> str:
         "config (listed, not counted).",
         "",
         f"**{len(verified)} of {len(built)} architectures that build and run are verified "
-        f"({100 * len(verified) / max(1, len(built)):.0f} %)**; {len(built) - len(verified)} are refused with a "
-        f"reason; {len(rows) - len(built)} fail in transformers on the shrunk config.",
+        f"({100 * len(verified) / max(1, len(built)):.0f} %)**; "
+        f"{sum(r['verdict'] == architectures.REFUSED for r in built)} are refused with a reason; "
+        f"{sum(r['verdict'] == architectures.WRONG for r in built)} give wrong scores; "
+        f"{len(rows) - len(built)} fail in transformers on the shrunk config.",
         "",
-        "| head | verified | refused | transformers fails |",
-        "|---|---|---|---|",
+        "| head | verified | refused | wrong scores | transformers fails |",
+        "|---|---|---|---|---|",
     ]
     for kind, title in KINDS.items():
         counts = Counter(r["verdict"] for r in rows if r["head"] == kind)
         lines.append(f"| {title} | {counts[architectures.VERIFIED]} | {counts[architectures.REFUSED]} | "
-                     f"{counts[architectures.FAILS]} |")
+                     f"{counts[architectures.WRONG]} | {counts[architectures.FAILS]} |")
     lines += ["", "| architecture | head | verdict | detail |", "|---|---|---|---|"]
     for row in sorted(rows, key=lambda r: (r["verdict"] == architectures.FAILS, r["class"])):
         detail = row["detail"].replace("|", "\\|")

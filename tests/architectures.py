@@ -95,7 +95,8 @@ def build(model_type: str, name: str, kind: str, seed: int = 0):
 
 # ---- verdicts ---------------------------------------------------------------------------------------------------
 
-VERIFIED, REFUSED, FAILS = "verified", "refused", "transformers fails"
+VERIFIED, REFUSED, FAILS, WRONG = "verified", "refused", "transformers fails", "wrong scores"
+TOLERANCE = 1e-4  # float32: NormXLogit against the reference, as a fraction of its scale
 
 
 class _Tokenizer:
@@ -107,7 +108,9 @@ class _Tokenizer:
 def reference_check(model, kind: str) -> float:
     """NormXLogit at the last layer, computed by normx, against a reference read from the model's own forward
     (``hidden_states[0]`` and its logits): at every position for LM heads, at the pooled one for classifiers.
-    Returns the largest difference as a fraction of the reference's scale."""
+    With ``"late"`` pooling (the prediction is the mean of the head on every token) LogAt = NormXLogit / norm,
+    averaged over the tokens, must be the model's logit. Returns the largest difference as a fraction of the
+    reference's scale."""
     from normx.core.verify import probe_inputs
     from normx.explanations.explain import attribute_batch, prepare
 
@@ -122,7 +125,10 @@ def reference_check(model, kind: str) -> float:
     rows = torch.arange(norms.shape[0])
     pooled, target = out.pooled, out.columns[:, 0]
     got = out.scores[:, 0, 0]  # [B, T]
-    if kind == "sequence_classification":
+    if kind == "sequence_classification" and plan.adapter.pooling == "late":
+        want = own.logits.float()[rows, target]
+        got = (got / norms).mean(-1)
+    elif kind == "sequence_classification":
         want = norms[rows, pooled] * own.logits.float()[rows, target]
         got = got[rows, pooled]
     else:
@@ -145,7 +151,8 @@ def verdict(kind: str, model_type: str, name: str) -> tuple[str, str]:
         adapter = verified_adapter(model)
     except normx.UnsupportedModelError as exc:
         return REFUSED, _reason(str(exc))
-    return VERIFIED, f"{adapter.family}; NormXLogit off the reference by {reference_check(model, kind):.1e}"
+    off = reference_check(model, kind)
+    return VERIFIED if off <= TOLERANCE else WRONG, f"{adapter.family}; NormXLogit off the reference by {off:.1e}"
 
 
 def _reason(message: str) -> str:

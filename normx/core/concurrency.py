@@ -173,14 +173,15 @@ def _training_modules(model: nn.Module) -> list[nn.Module]:
 
 
 @contextmanager
-def using(model: nn.Module) -> Iterator[None]:
+def using(model: nn.Module, lock: ModelLock | None = None) -> Iterator[None]:
     """A stretch of normx work on ``model`` (one batch: its forward passes and head calls) in eval mode.
 
-    Holds the model's lock shared. A model left in training mode (dropout on) is switched to eval mode for the
+    Holds the model's lock (``lock``, already looked up by the caller's :class:`~normx.core.handle.ModelHandle`, or
+    :func:`model_lock`) shared. A model left in training mode (dropout on) is switched to eval mode for the
     stretch while the lock is held exclusively, and its training flags are restored before the lock is released:
     other normx calls on it wait meanwhile, and never see it half switched.
     """
-    lock = model_lock(model)
+    lock = model_lock(model) if lock is None else lock
     with lock.shared():  # the flags are read under the lock: nobody is switching them meanwhile
         if lock.held_by_this_thread == _EXCLUSIVE or not _training_modules(model):
             yield  # (inside an exclusive hold the caller already switched what it needs)

@@ -80,8 +80,7 @@ class Pass:
     def pooled_head(self, hidden: torch.Tensor, columns: torch.Tensor | None = None) -> torch.Tensor:
         """The head on what it reads for the prediction (the pooled position, or the mean: ``Adapter.pool``) of
         ``hidden`` [B, T, H] -> [B, C]."""
-        return self.adapter.head(self.model, self.adapter.pool(hidden, self.pooled, self.inputs["attention_mask"]),
-                                 columns)
+        return self.adapter.pooled_head(self.model, hidden, self.pooled, self.inputs["attention_mask"], columns)
 
     def hidden_norms(self) -> torch.Tensor:
         """||x_i^l|| for the requested layers [B, len(layers), T]; layer 0 is the chosen input embedding."""

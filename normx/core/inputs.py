@@ -5,11 +5,15 @@ from __future__ import annotations
 import unicodedata
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from normx._torch import torch
 from normx.core.concurrency import tokenizer_lock
 from normx.errors import EmptyTextError, InputTooLongError, InvalidInputError
-from normx.models import Adapter, get_adapter, unwrap_model
+from normx.models import Adapter
+
+if TYPE_CHECKING:
+    from normx.core.handle import ModelHandle
 
 TRUNCATION_MODES = ("warn", "error")
 _HUGE = 10**6  # tokenizers without a real limit report model_max_length as a huge sentinel
@@ -80,9 +84,9 @@ def check_text(text: str, name: str = "the text") -> None:
 _INVISIBLE = {"Cc", "Cf", "Zs", "Zl", "Zp", "Cn"}  # control, format (zero-width), separators, unassigned
 
 
-def resolve_max_length(max_length, tokenizer, model) -> int:
-    """``max_length`` checked against what ``model`` takes (default: that limit)."""
-    limit = max_input_length(tokenizer, model)
+def resolve_max_length(max_length, tokenizer, handle: ModelHandle) -> int:
+    """``max_length`` checked against what the model of ``handle`` takes (default: that limit)."""
+    limit = max_input_length(tokenizer, handle)
     if max_length is None:
         return limit
     if isinstance(max_length, bool) or not isinstance(max_length, int) or not 1 <= max_length <= limit:
@@ -106,14 +110,14 @@ def pad_token_id(tokenizer) -> int | None:
     return None
 
 
-def max_input_length(tokenizer, model) -> int:
-    """The longest input ``model`` (PEFT-wrapped or not) takes: the tokenizer's limit, capped by the model's
-    position table (as its adapter reads it)."""
+def max_input_length(tokenizer, handle: ModelHandle) -> int:
+    """The longest input the model of ``handle`` takes: the tokenizer's limit, capped by the model's position
+    table (as its adapter reads it)."""
     limits = []
     tok_max = getattr(tokenizer, "model_max_length", None)
     if isinstance(tok_max, int) and 0 < tok_max < _HUGE:
         limits.append(tok_max)
-    positions = get_adapter(model).max_positions(unwrap_model(model).config)
+    positions = handle.max_positions
     if positions is not None:
         limits.append(positions)
     return min(limits) if limits else 512

@@ -27,7 +27,8 @@ from normx.core.forward import capture_layers
 from normx.errors import UnsupportedModelError
 from normx.models import Adapter, HeadKind, get_adapter, unwrap_model
 
-TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-8, torch.bfloat16: 3e-2, torch.float16: 1e-2}
+# by the model's dtype (named, so that importing this module does not import torch)
+TOLERANCE = {"float32": 1e-4, "float64": 1e-8, "bfloat16": 3e-2, "float16": 1e-2}
 PROBE_LENGTH = 7
 _VERIFIED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # base model -> the adapter it was checked with
 _LOCKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -85,7 +86,7 @@ def verify(model, adapter: Adapter) -> None:
         with capture_layers(base, adapter, range(1, len(blocks) + 1)) as captured:
             out = base(**inputs, **adapter.forward_kwargs, output_hidden_states=True)
         hidden = getattr(out, "hidden_states", None)
-        tolerance = TOLERANCE.get(next(base.parameters()).dtype, 1e-4)
+        tolerance = TOLERANCE.get(str(next(base.parameters()).dtype).removeprefix("torch."), 1e-4)
         if hidden is not None:
             if len(hidden) != len(blocks) + 1:
                 raise _refuse(name, adapter, "blocks", f"the model reports {len(hidden) - 1} layers, the adapter "
@@ -107,12 +108,13 @@ def verify(model, adapter: Adapter) -> None:
         normed = last if norm is None else norm(last)
         positions = _positions(adapter, base, inputs)
         want = out.logits  # [B, T, V] of an LM head; a classifier's [B, C], read at what it pools
-        at = normed if positions is None else adapter.pool(normed, positions, inputs["attention_mask"])[:, None]
         try:
-            got = adapter.head(base, at.reshape(-1, at.shape[-1]), None).reshape(*at.shape[:-1], -1)
+            if positions is None:
+                got = adapter.head(base, normed.reshape(-1, normed.shape[-1]), None).reshape(*normed.shape[:-1], -1)
+            else:
+                got = adapter.pooled_head(base, normed, positions, inputs["attention_mask"])
         except (RuntimeError, TypeError, AttributeError, IndexError) as exc:
             raise _refuse(name, adapter, "head", f"it fails on the last hidden state ({exc})") from None
-        got = got if positions is None else got[:, 0]
         if _off(got, want) > tolerance:
             backbone = base.base_model(**inputs, **adapter.forward_kwargs)[0]
             if _off(normed, backbone) > tolerance:

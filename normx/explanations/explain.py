@@ -10,15 +10,14 @@ from typing import overload
 import numpy as np
 
 from normx._torch import torch
-from normx.core.concurrency import using
 from normx.core.forward import Pass
+from normx.core.handle import ModelHandle, model_handle
 from normx.core.inputs import Encoded, batches, encode, positive_int, resolve_max_length, text_inputs
 from normx.core.labels import LabelSpace
-from normx.core.verify import verified_adapter
 from normx.errors import InvalidInputError, LayerOutOfRangeError, PairNotSupportedError, PairRequiredError
 from normx.explanations.result import Explanation
 from normx.methods import Context, Method, get_method
-from normx.models import Adapter, HeadKind, unwrap_model
+from normx.models import Adapter, HeadKind
 
 EMBEDDINGS = ("layer", "word")
 
@@ -72,15 +71,15 @@ def explain(model, tokenizer, texts: str | Sequence[str], method: str = "normxlo
     plan = prepare(model, tokenizer, method, target, layer, foil=foil, embedding=embedding, pair=pairs is not None,
                    **options)
     base, adapter = plan.base, plan.adapter
-    limit = resolve_max_length(max_length, tokenizer, base)
+    limit = resolve_max_length(max_length, tokenizer, plan.handle)
     encoded = encode(tokenizer, texts, pairs, limit, truncation)
     if adapter.kind is HeadKind.MASKED_LM and tokenizer.mask_token_id is None:
         raise InvalidInputError(f"{type(base).__name__} has a masked-LM head but its tokenizer has no mask token")
     settings = {"method": plan.method.name, "target": target, "foil": foil, "layer": layer, "embedding": embedding,
-                **model_settings(model), "max_length": limit, "label_dependent": plan.method.label_dependent,
+                **model_settings(plan.handle), "max_length": limit, "label_dependent": plan.method.label_dependent,
                 **plan.options}
     results: list[Explanation] = []
-    for items, inputs in batches(encoded, batch_size, tokenizer, adapter, next(base.parameters()).device):
+    for items, inputs in batches(encoded, batch_size, tokenizer, adapter, plan.handle.device):
         out = attribute_batch(plan, inputs)
         scores = out.scores.cpu().numpy()
         logits = out.logits
@@ -103,9 +102,7 @@ class Plan:
     """What :func:`explain` resolves once per call, before any text is encoded: the model's adapter and label
     space, the method with its options, the target / foil columns and the layers."""
 
-    model: torch.nn.Module  # as given (PEFT-wrapped or not)
-    base: torch.nn.Module  # the transformers model inside
-    adapter: Adapter
+    handle: ModelHandle  # the model as given, the transformers model inside, its verified adapter and lock
     method: Method
     options: dict
     labels: LabelSpace
@@ -115,6 +112,18 @@ class Plan:
     embedding: str
     mask_token_id: int | None
     reads: tuple[int, ...] = ()  # every layer the method's scores read, ``layers`` included (``Method.capture``)
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.handle.model
+
+    @property
+    def base(self) -> torch.nn.Module:
+        return self.handle.base
+
+    @property
+    def adapter(self) -> Adapter:
+        return self.handle.adapter
 
 
 @dataclass
@@ -137,8 +146,8 @@ def prepare(model, tokenizer, method: str = "normxlogit", target=None, layer=Non
     options = chosen.resolve_options(options)
     if embedding not in EMBEDDINGS:
         raise InvalidInputError(f"embedding={embedding!r} is not allowed; use one of {EMBEDDINGS}")
-    base = unwrap_model(model)
-    adapter = verified_adapter(model)
+    handle = model_handle(model)
+    base, adapter = handle.base, handle.adapter
     if pair and (adapter.kind is not HeadKind.SEQUENCE_CLASSIFICATION
                  or getattr(base.config, "normx_inputs", "pair") == "single"):
         raise PairNotSupportedError(
@@ -160,7 +169,7 @@ def prepare(model, tokenizer, method: str = "normxlogit", target=None, layer=Non
                                 f"scores; leave layer unset (got layer={layer!r})")
     else:
         layers = [0]
-    return Plan(model, base, adapter, chosen, options, labels, target_columns, foil_column, layers, embedding,
+    return Plan(handle, chosen, options, labels, target_columns, foil_column, layers, embedding,
                 tokenizer.mask_token_id, tuple(chosen.capture(layers, num_layers, options)))
 
 
@@ -171,7 +180,7 @@ def attribute_batch(plan: Plan, inputs: dict[str, torch.Tensor]) -> BatchAttribu
     (:func:`normx.core.concurrency.using`): safe to call from several threads on one model."""
     ids = inputs["input_ids"]
     foil = None if plan.foil_column is None else torch.full(ids.shape[:1], plan.foil_column, device=ids.device)
-    with using(plan.model), torch.no_grad():
+    with plan.handle.using(), torch.no_grad():
         run = Pass(plan.base, plan.adapter, inputs, plan.layers, plan.embedding, mask_token_id=plan.mask_token_id,
                    reads=plan.reads)
         if plan.method.predicts:  # its own forward pass makes the prediction (ctx.predict)
@@ -218,11 +227,11 @@ def parse_layers(layer, num_layers: int, default: str) -> list[int]:
     return sorted(set(out))
 
 
-def model_settings(model) -> dict:
+def model_settings(handle: ModelHandle) -> dict:
     """What a result records of the model: its class, whether PEFT wraps it, its dtype and device."""
-    base = unwrap_model(model)
+    base = handle.base
     param = next(base.parameters(), None)
-    return {"model_class": type(base).__name__, "peft": base is not model,
+    return {"model_class": handle.name, "peft": base is not handle.model,
             "dtype": None if param is None else str(param.dtype).replace("torch.", ""),
             "device": None if param is None else str(param.device)}
 

@@ -116,7 +116,7 @@ def pooled_head(model: torch.nn.Module, adapter: Adapter, inputs: dict[str, torc
     # decoders' last_hidden_state is after their final norm, encoders' is the last block's output: both are what
     # the model's head reads
     hidden = output_tensor(model.base_model(inputs_embeds=embeds, **inputs, **kwargs))
-    return adapter.head(model, adapter.pool(hidden, pooled, inputs["attention_mask"]), vocab)
+    return adapter.pooled_head(model, hidden, pooled, inputs["attention_mask"], vocab)
 
 
 def select(out: torch.Tensor, columns: torch.Tensor, foil: torch.Tensor | None = None) -> torch.Tensor:

@@ -15,7 +15,7 @@ from normx.models.modules import ModuleRef, resolve
 if TYPE_CHECKING:  # torch is imported by the functions that run models, not on import (instant `normx supported`)
     from torch import nn
 
-Pooling = Literal["first", "last", "mask", "mean"]
+Pooling = Literal["first", "last", "mask", "mean", "late"]
 HeadFn = "Callable[[nn.Module, torch.Tensor, torch.Tensor | None], torch.Tensor]"
 
 
@@ -55,7 +55,9 @@ class Adapter:
     - ``pooling``: the position whose head output is the model's prediction: ``"first"`` ([CLS]), ``"last"``
       (last non-padding token: decoders) or ``"mask"`` (the mask token, for masked-LM heads); or ``"mean"``: the
       head reads the mean of the real tokens' representations (ModernBERT's ``classifier_pooling="mean"``), so
-      LogAt is the head on each token's representation alone; the first token stands as the pooled position.
+      LogAt is the head on each token's representation alone; the first token stands as the pooled position; or
+      ``"late"``: the prediction is the mean of the head's outputs on every real token (EuroBERT's
+      ``classifier_pooling="late"``), so LogAt is exactly each token's term of that mean (times the length).
     - ``reserved_positions(config)``: position-table rows the model keeps for itself (RoBERTa-style tables
       reserve ``padding_idx + 1``), so the longest input is the table's size minus these.
     - ``encoder_block``: for post-LayerNorm BERT-style encoders, where a block keeps its parts
@@ -131,7 +133,7 @@ class Adapter:
         or the first mask token (``"mask"``; :class:`InvalidInputError` for a row without one)."""
         mask = inputs["attention_mask"]
         positions = torch.arange(mask.shape[1], device=mask.device)
-        if self.pooling in ("first", "mean"):
+        if self.pooling in ("first", "mean", "late"):
             return (mask * (mask.shape[1] - positions)).argmax(-1)  # first non-padding position
         if self.pooling == "last":
             keep = mask
@@ -154,7 +156,21 @@ class Adapter:
     def pool(self, hidden: torch.Tensor, pooled: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """What the head reads of ``hidden`` [B, T, H] for the prediction: the pooled positions [B], or with
         ``"mean"`` pooling the mean over the real tokens (``mask`` [B, T])."""
-        if self.pooling == "mean":
-            weights = mask.to(hidden.dtype)[..., None]
-            return (hidden * weights).sum(1) / weights.sum(1).clamp_min(1)
+        if self.pooling in ("mean", "late"):
+            return _masked_mean(hidden, mask)
         return hidden[torch.arange(hidden.shape[0], device=hidden.device), pooled]
+
+    def pooled_head(self, model: nn.Module, hidden: torch.Tensor, pooled: torch.Tensor, mask: torch.Tensor,
+                    columns: torch.Tensor | None = None) -> torch.Tensor:
+        """The model's prediction [B, C] from its last representations ``hidden`` [B, T, H]: the head on what it
+        pools (:meth:`pool`), or with ``"late"`` pooling the mean of the head on every real token."""
+        if self.pooling == "late":
+            out = self.head(model, hidden.reshape(-1, hidden.shape[-1]), columns)
+            return _masked_mean(out.reshape(*hidden.shape[:2], -1), mask)
+        return self.head(model, self.pool(hidden, pooled, mask), columns)
+
+
+def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The mean of ``values`` [B, T, D] over the real tokens of ``mask`` [B, T] -> [B, D]."""
+    weights = mask.to(values.dtype)[..., None]
+    return (values * weights).sum(1) / weights.sum(1).clamp_min(1)

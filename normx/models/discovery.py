@@ -39,6 +39,15 @@ LOGIT_TRANSFORMS = {
     "logit_scale": lambda z, scale: z * scale,  # Cohere
     "logits_scaling": lambda z, scale: z / scale,  # Granite
 }
+# model type -> where its base model breaks the conventions (paths inside the base model); verified like the rest
+OVERRIDES = {
+    # a block's parts in four parallel module lists: hidden_states[l + 1] is layer_norm2[l]'s output (post-LN),
+    # hidden_states[0] the embedding LayerNorm's
+    "xlm": {"embeddings": "layer_norm_emb", "blocks": "layer_norm2"},
+    "flaubert": {"embeddings": "layer_norm_emb", "blocks": "layer_norm2"},
+}
+# config.classifier_pooling -> the adapter's pooling (ModernBERT: cls / mean; EuroBERT: bos / mean / late)
+_CLASSIFIER_POOLING = {"mean": "mean", "late": "late", "cls": "first", "bos": "first"}
 _NORM_NAMES = ("norm", "ln_f", "final_layer_norm", "final_layernorm", "norm_f", "final_norm", "ln_out", "layer_norm",
                "layernorm")
 
@@ -74,15 +83,19 @@ def discover(model: nn.Module) -> Adapter:
     if base is model:
         raise NotDiscovered("it has no base model (base_model is the model itself)")
     prefix = _path(model, base)
-    blocks, parent, groups = _blocks(base, config)
+    override = OVERRIDES.get(getattr(config, "model_type", None), {})
+    if "blocks" in override:
+        blocks, parent, groups = override["blocks"], override["blocks"].rpartition(".")[0], None
+    else:
+        blocks, parent, groups = _blocks(base, config)
     pooling = "last" if kind is HeadKind.CAUSAL_LM else "mask" if kind is HeadKind.MASKED_LM else None
     if kind is HeadKind.SEQUENCE_CLASSIFICATION:
         if _is_linear(getattr(model, "score", None)):  # a decoder's score layer, pooled at the last real token
             head, pooling = _score_head, "last"
         else:  # a classification head pooled over every token (the config says), at the last token of a decoder
             _head_modules(model, base, "classification")  # (its model type has a causal LM and no masked LM), or
-            mean = getattr(config, "classifier_pooling", None) == "mean"  # at an encoder's first token
-            head, pooling = _classifier_head, "mean" if mean else "last" if _decoder(config) else "first"
+            pooling = _CLASSIFIER_POOLING.get(getattr(config, "classifier_pooling", None))  # an encoder's first token
+            head, pooling = _classifier_head, pooling or ("last" if _decoder(config) else "first")
     else:
         if model.get_output_embeddings() is None:
             raise NotDiscovered("it has no output embeddings (get_output_embeddings() is None)")
@@ -91,7 +104,9 @@ def discover(model: nn.Module) -> Adapter:
     norm = _final_norm(base, parent, blocks)
     path = ".".join(filter(None, (prefix, blocks)))
     layers = (config.get_text_config() if hasattr(config, "get_text_config") else config).num_hidden_layers
-    return Adapter(family=f"{config.model_type} (discovered)", kind=kind, embeddings=None,
+    embeddings = override.get("embeddings")
+    return Adapter(family=f"{config.model_type} (discovered)", kind=kind,
+                   embeddings=None if embeddings is None else ".".join(filter(None, (prefix, embeddings))),
                    blocks=path if groups is None else _shared(path, groups, layers), head=head, pooling=pooling,
                    final_norm=None if norm is None else ".".join(filter(None, (prefix, norm))))
 
@@ -188,16 +203,20 @@ def _head_modules(model: nn.Module, base: nn.Module, what: str) -> list[nn.Modul
 
 
 def _lm_head(model, h, columns=None):
-    """The LM head: the task model's modules outside the base model, in order (the output embedding alone for most
-    decoders; BERT-style prediction heads), then the logit transform the config names."""
-    modules = _head_modules(model, model.base_model, "LM")
+    """The LM head: the task model's modules outside the base model, in order, up to the one that holds the output
+    embedding (the output embedding alone for most decoders; BERT-style prediction heads; other heads, such as
+    LUKE's entity head, after it are not the LM's), then the logit transform the config names."""
     output = model.get_output_embeddings()
+    modules = _head_modules(model, model.base_model, "LM")
+    holder = next((i for i, module in enumerate(modules) if any(m is output for m in module.modules())), None)
+    modules = modules if holder is None else modules[:holder + 1]
     for module in modules[:-1]:
         h = module(h)
     if modules[-1] is output:
         logits = linear_columns(output, h, columns)
     else:
         logits = modules[-1](h)
+        logits = logits[0] if isinstance(logits, tuple) else logits  # (XLM's prediction layer returns a tuple)
         logits = logits if columns is None else logits[..., columns]
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     for attribute, transform in LOGIT_TRANSFORMS.items():
@@ -209,15 +228,18 @@ def _lm_head(model, h, columns=None):
 
 def _classifier_head(model, h, columns=None):
     """A classification head on each token as if it were the pooled one: the base's pooler (and its activation)
-    when it has one, then the head's modules, given each token as a length-1 sequence."""
+    when it has one and the head starts with a linear layer (which reads the pooled vector; a head module of its
+    own pools the sequence itself, as RoBERTa's and BigBird's), then the head's modules, given each token as a
+    length-1 sequence."""
     base = model.base_model
     x = h[:, None, :]
+    modules = _head_modules(model, base, "classification")
     pooler = getattr(base, "pooler", None)
-    if pooler is not None:
+    if pooler is not None and _is_linear(modules[0]):
         x = pooler(x)
         activation = getattr(base, "pooler_activation", None)
         x = x if activation is None else activation(x)
-    for module in _head_modules(model, base, "classification"):
+    for module in modules:
         x = module(x)
     return x[:, 0] if x.dim() == 3 else x
 

@@ -404,7 +404,10 @@ def test_hooks_removed_and_attention_restored_when_the_pass_fails(method, monkey
 
 
 def test_value_hook_removed_when_a_rerun_fails(monkeypatch):
+    from normx.core.verify import verified_adapter
+
     model, tokenizer = tiny.build("BertForSequenceClassification", fresh=True)
+    verified_adapter(model)  # the first-use check's own forward pass, before the counted calls
     block = model.bert.encoder.layer[0]
     real = block.output.forward
     calls = []

@@ -245,3 +245,96 @@ def test_discovered_models_wrapped_by_peft_and_in_bfloat16():
     half = build("olmo2", "Olmo2ForCausalLM", "causal_lm").to(torch.bfloat16)
     e = normx.explain(half, tokenizer(), TEXTS[1])
     assert e.settings["dtype"] == "bfloat16" and np.isfinite(e.score).all()
+
+
+def test_eurobert_late_pooling_logat_averages_to_the_models_logit():
+    """EuroBERT's classifier_pooling="late" predicts the mean of its head on every token: LogAt is each token's
+    term, so LogAt averaged over the tokens is the model's own logit, and the prediction is the model's."""
+    model = build("eurobert", "EuroBertForSequenceClassification", "sequence_classification",
+                  classifier_pooling="late")
+    assert verify.verified_adapter(model).pooling == "late"
+    tok = tokenizer()
+    ids = torch.tensor([tok(TEXTS[0])["input_ids"]])
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits[0]
+    for label in range(model.config.num_labels):
+        e = normx.explain(model, tok, TEXTS[0], method="logat", target=label)
+        assert e.prediction == model.config.id2label[int(logits.argmax())]
+        np.testing.assert_allclose(e.score.mean(), logits[label].item(), rtol=1e-4, atol=1e-5)
+    bos = build("eurobert", "EuroBertForSequenceClassification", "sequence_classification", classifier_pooling="bos")
+    assert verify.verified_adapter(bos).pooling == "first"
+
+
+@pytest.mark.parametrize(("model_type", "name", "kind"), [
+    ("xlm", "XLMWithLMHeadModel", "causal_lm"), ("xlm", "XLMForSequenceClassification", "sequence_classification"),
+    ("flaubert", "FlaubertForSequenceClassification", "sequence_classification")])
+def test_xlm_and_flaubert_blocks_are_their_last_layer_norms(model_type, name, kind):
+    """XLM keeps a block's parts in parallel module lists; the override names the LayerNorms whose outputs the
+    model reports, and the l2 norms at every layer equal its own hidden_states."""
+    model = build(model_type, name, kind)
+    adapter = verify.verified_adapter(model)
+    assert adapter.blocks.endswith("layer_norm2") and adapter.embeddings.endswith("layer_norm_emb")
+    tok = tokenizer()
+    e = normx.explain(model, tok, TEXTS[0], method="l2norm", layer="all")
+    ids = torch.tensor([tok(TEXTS[0])["input_ids"]])
+    with torch.no_grad():
+        hidden = model(input_ids=ids, attention_mask=torch.ones_like(ids), output_hidden_states=True).hidden_states
+    np.testing.assert_allclose(e.scores[0], np.stack([h[0].norm(dim=-1).numpy() for h in hidden]), rtol=1e-5)
+    assert architectures.reference_check(model, kind) < architectures.TOLERANCE
+
+
+def test_flaubert_masked_lm():
+    model = build("flaubert", "FlaubertWithLMHeadModel", "masked_lm")
+    assert verify.verified_adapter(model).blocks.endswith("layer_norm2")
+    assert architectures.reference_check(model, "masked_lm") < architectures.TOLERANCE
+
+
+def test_an_lm_head_stops_at_the_output_embedding():
+    """LUKE registers an entity head after its LM head: the LM head is the modules up to the output embedding."""
+    model = build("luke", "LukeForMaskedLM", "masked_lm")
+    verify.verified_adapter(model)
+    assert architectures.reference_check(model, "masked_lm") < architectures.TOLERANCE
+
+
+def test_a_head_that_pools_itself_skips_the_base_pooler():
+    """BigBird's base model has a pooler its classification head does not read (the head takes token 0 itself)."""
+    model = build("big_bird", "BigBirdForSequenceClassification", "sequence_classification")
+    assert model.bert.pooler is not None
+    verify.verified_adapter(model)
+    assert architectures.reference_check(model, "sequence_classification") < architectures.TOLERANCE
+
+
+def test_one_call_resolves_the_model_once(monkeypatch):
+    """explain looks the model's adapter up once per call, and the handle is what the input and concurrency
+    layers receive."""
+    from normx.core import handle as handle_module
+    from normx.models import registry
+
+    model, tok = tiny.build("BertForSequenceClassification")
+    normx.explain(model, tok, tiny.TEXTS[0])  # verified on first use
+    calls, real = [], registry.get_adapter
+    for module in (registry, verify):
+        monkeypatch.setattr(module, "get_adapter", lambda m: (calls.append(1), real(m))[1])
+    made = []
+    real_handle = handle_module.model_handle
+    monkeypatch.setattr("normx.explanations.explain.model_handle", lambda m: made.append(real_handle(m)) or made[-1])
+    normx.explain(model, tok, tiny.TEXTS, batch_size=1)
+    assert len(made) == 1 and len(calls) == 1
+
+
+def test_a_discovered_model_offloaded_by_device_map_gives_the_same_scores(tmp_path):
+    pytest.importorskip("accelerate", reason="device_map needs accelerate")
+    model = build("olmo2", "Olmo2ForCausalLM", "causal_lm")
+    model.save_pretrained(tmp_path / "model")
+    layers = model.config.num_hidden_layers
+    device_map = {"model.embed_tokens": "cpu", "model.rotary_emb": "cpu", "model.norm": "cpu", "lm_head": "cpu",
+                  **{f"model.layers.{i}": "disk" if i == layers - 1 else "cpu" for i in range(layers)}}
+    offloaded = __import__("transformers").AutoModelForCausalLM.from_pretrained(
+        tmp_path / "model", device_map=device_map, offload_folder=str(tmp_path / "off"))
+    assert "disk" in offloaded.hf_device_map.values()
+    for method in ("normxlogit", "gradient_x_input"):
+        layer = "all" if method == "normxlogit" else None
+        for a, b in zip(normx.explain(model, tokenizer(), TEXTS, method=method, layer=layer),
+                        normx.explain(offloaded, tokenizer(), TEXTS, method=method, layer=layer)):
+            assert a.family == b.family == "olmo2 (discovered)"
+            np.testing.assert_allclose(a.scores, b.scores, rtol=1e-5, atol=1e-5)

@@ -30,6 +30,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from normx._version import __version__
+from normx.core.handle import ModelHandle, model_handle
 from normx.core.inputs import encode, pad_token_id, positive_int, resolve_max_length
 from normx.core.labels import LabelSpace
 from normx.data import glue
@@ -54,7 +55,7 @@ from normx.evaluation.faithfulness.perturbation import (
 from normx.evaluation.faithfulness.report import FaithfulnessReport, MethodResult
 from normx.explanations.explain import explain, model_settings
 from normx.methods import get_method, list_methods
-from normx.models import HeadKind, get_adapter, unwrap_model
+from normx.models import HeadKind
 
 # regression heads: LogAt / NormXLogit rank the tokens whose head output is farthest from the prediction first (the
 # paper's formula, the default) or closest first (its stated intuition)
@@ -87,8 +88,8 @@ def evaluate(model, tokenizer, examples: Sequence, methods: str | Sequence[str] 
             prediction first (the paper's formula; default) or ``"closest"`` first. The report's ``data`` setting
             is the task (the command line records the file it read).
     """
-    base = unwrap_model(model)
-    adapter = get_adapter(model)
+    handle = model_handle(model)
+    base, adapter = handle.base, handle.adapter
     if adapter.kind is not HeadKind.SEQUENCE_CLASSIFICATION:
         raise UnsupportedModelError(
             f"faithfulness is measured on classification / regression heads; {type(base).__name__} is a "
@@ -116,7 +117,7 @@ def evaluate(model, tokenizer, examples: Sequence, methods: str | Sequence[str] 
         pairs = None
     gold = gold_labels(examples, labels, task)
 
-    limit = resolve_max_length(max_length, tokenizer, base)
+    limit = resolve_max_length(max_length, tokenizer, handle)
     encoded = encode(tokenizer, texts, pairs, limit, "warn")
     runner = Perturber(model, strategy, tokenizer.mask_token_id, ks, special_tokens, pad_id=pad_token_id(tokenizer),
                        padding_side=adapter.padding_side(tokenizer), position_ids=adapter.decoder,
@@ -166,7 +167,7 @@ def evaluate(model, tokenizer, examples: Sequence, methods: str | Sequence[str] 
                                      {"explain": round(explain_seconds, 2),
                                       "perturb": round(time.perf_counter() - start, 2)}, examples)
 
-    settings = _settings(model, labels, encoded, {
+    settings = _settings(handle, labels, encoded, {
         "data": task, "task": task, "ks": list(ks), "special_tokens": special_tokens, "perturbation": strategy,
         "mask_token": tokenizer.mask_token if strategy == "mask" else None, "max_length": limit,
         "batch_size": batch_size, "eval_batch_size": eval_batch_size, "explained_label_mismatches": mismatches,
@@ -250,14 +251,14 @@ def _original(labels: LabelSpace, original: np.ndarray, gold) -> dict:
     return out
 
 
-def _settings(model, labels: LabelSpace, encoded, protocol: dict) -> dict:
+def _settings(handle: ModelHandle, labels: LabelSpace, encoded, protocol: dict) -> dict:
     """The report's settings: the model's, the protocol's (``protocol``: data, ks, perturbation, batch sizes...),
     the software's."""
     import torch
 
-    settings = model_settings(model)
+    settings = model_settings(handle)
     return {
-        "model_class": settings["model_class"], "family": get_adapter(model).family, "peft": settings["peft"],
+        "model_class": settings["model_class"], "family": handle.adapter.family, "peft": settings["peft"],
         "regression": labels.regression, "labels": labels.names, "examples": len(encoded),
         "truncated": sum(bool(e.warnings) for e in encoded), **protocol,
         "aopc_ks": [k for k in protocol["ks"] if 0 < k < 1],

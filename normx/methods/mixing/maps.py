@@ -44,7 +44,8 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from normx._torch import nn, torch
-from normx.core.concurrency import pause, using
+from normx.core.concurrency import pause
+from normx.core.handle import model_handle
 from normx.core.inputs import batches, encode, positive_int, resolve_max_length, text_inputs
 from normx.errors import InvalidInputError
 from normx.methods.mixing.blocks import (
@@ -57,7 +58,7 @@ from normx.methods.mixing.blocks import (
     supported_models,
     value_zeroing_layer,
 )
-from normx.models import get_adapter, unwrap_model
+from normx.models import unwrap_model
 
 MIXING_METHODS = ("globenc", "alti", "value_zeroing")
 DEFAULT_INTERNAL_BATCH_SIZE = 64  # value-zeroing variants per block pass
@@ -143,14 +144,14 @@ def contribution_maps(model, tokenizer, texts: str | Sequence[str], method: str 
     check_options({"rollout": rollout, "internal_batch_size": internal_batch_size})
     texts, pairs = text_inputs(texts, text_pair)
     positive_int(batch_size, "batch_size")
-    base = unwrap_model(model)
-    layout_of(base)
-    adapter = get_adapter(base)
+    layout_of(unwrap_model(model))
+    handle = model_handle(model)
+    base, adapter = handle.base, handle.adapter
     num_layers = adapter.num_layers(base)
-    encoded = encode(tokenizer, texts, pairs, resolve_max_length(max_length, tokenizer, base), truncation)
+    encoded = encode(tokenizer, texts, pairs, resolve_max_length(max_length, tokenizer, handle), truncation)
     out = []
-    for items, inputs in batches(encoded, batch_size, tokenizer, adapter, next(base.parameters()).device):
-        with using(model), torch.no_grad():
+    for items, inputs in batches(encoded, batch_size, tokenizer, adapter, handle.device):
+        with handle.using(), torch.no_grad():
             maps = batch_maps(base, inputs, method, list(range(num_layers + 1)), rollout, internal_batch_size)
         stacked = torch.stack([maps[layer] for layer in range(num_layers + 1)], 1).cpu().numpy()
         for row, item in enumerate(items):
