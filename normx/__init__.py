@@ -42,6 +42,7 @@ _LAZY = {
     "capture": "core.hooks", "Method": "methods", "Option": "methods", "describe_methods": "methods",
     "list_methods": "methods", "register_method": "methods", "explain": "explanations.explain",
     "list_presets": "zoo.presets", "Explanation": "explanations.result",
+    "explain_generation": "explanations.generation", "Generation": "explanations.generation_result",
 }
 # the public submodules that live in a layer's folder
 _MODULES = {"decompx": "methods.decompx", "mixing": "methods.mixing"}
@@ -82,9 +83,9 @@ def load_model(name_or_path: str = "minilm-sst2", **kwargs):
 
 
 __all__ = [
-    "Adapter", "EmptyTextError", "Explanation", "HookNotFiredError", "InputTooLongError", "InvalidInputError",
+    "Adapter", "EmptyTextError", "Explanation", "Generation", "HookNotFiredError", "InputTooLongError", "InvalidInputError",
     "LayerOutOfRangeError", "Method", "ModelLoadError", "NormxError", "Option", "PairNotSupportedError",
     "PairRequiredError", "UnknownMethodError", "UnknownTargetError", "UnsupportedModelError", "WorkBudgetError",
-    "attribute_dataset", "capture", "describe_methods", "explain", "get_adapter", "list_methods", "list_presets",
+    "attribute_dataset", "capture", "describe_methods", "explain", "explain_generation", "get_adapter", "list_methods", "list_presets",
     "load_model", "register_adapter", "register_method", "supported_models",
 ]

@@ -136,6 +136,7 @@ class BatchAttribution:
     columns: torch.Tensor  # [B, K] the explained columns
     pooled: torch.Tensor  # [B] the pooled position of each row
     diagnostics: dict[str, torch.Tensor]  # per-row [B, K] values the method reports
+    run: Pass  # the forward pass the scores read (located only, for methods that run their own)
 
 
 def prepare(model, tokenizer, method: str = "normxlogit", target=None, layer=None, *, foil=None,
@@ -173,19 +174,25 @@ def prepare(model, tokenizer, method: str = "normxlogit", target=None, layer=Non
                 tokenizer.mask_token_id, tuple(chosen.capture(layers, num_layers, options)))
 
 
-def attribute_batch(plan: Plan, inputs: dict[str, torch.Tensor]) -> BatchAttribution:
+def attribute_batch(plan: Plan, inputs: dict[str, torch.Tensor],
+                    columns: torch.Tensor | None = None) -> BatchAttribution:
     """One batch of :func:`explain` without the tokenising and the result objects: ``inputs`` as
     :func:`normx.core.inputs.collate` makes them (``input_ids``, ``attention_mask``, the tokenizer's extra inputs,
-    decoders' ``position_ids``), on the model's device. Runs in eval mode, holding the model shared
+    decoders' ``position_ids``), on the model's device; ``columns`` [B, K]: each row's own target columns (by
+    default the plan's, or the prediction). Runs in eval mode, holding the model shared
     (:func:`normx.core.concurrency.using`): safe to call from several threads on one model."""
     ids = inputs["input_ids"]
+    given = columns
+
+    def select(logits: torch.Tensor) -> torch.Tensor:
+        return plan.labels.target_columns(logits, plan.target_columns) if given is None else given
+
     foil = None if plan.foil_column is None else torch.full(ids.shape[:1], plan.foil_column, device=ids.device)
     with plan.handle.using(), torch.no_grad():
         run = Pass(plan.base, plan.adapter, inputs, plan.layers, plan.embedding, mask_token_id=plan.mask_token_id,
                    reads=plan.reads)
         if plan.method.predicts:  # its own forward pass makes the prediction (ctx.predict)
-            ctx = Context(run.locate(), plan.labels, None, foil, options=plan.options,
-                          select=lambda logits: plan.labels.target_columns(logits, plan.target_columns))
+            ctx = Context(run.locate(), plan.labels, None, foil, options=plan.options, select=select)
             scores = plan.method.compute(ctx).float()
             if ctx.logits is None:
                 raise RuntimeError(f"method {plan.method.name!r} has predicts=True but never called ctx.predict()")
@@ -193,10 +200,10 @@ def attribute_batch(plan: Plan, inputs: dict[str, torch.Tensor]) -> BatchAttribu
         else:
             run.run()
             logits = run.pooled_logits().float()
-            columns = plan.labels.target_columns(logits, plan.target_columns)
+            columns = select(logits)
             ctx = Context(run, plan.labels, columns, foil, options=plan.options, logits=logits)
             scores = plan.method.compute(ctx).float()
-    return BatchAttribution(scores, logits, columns, run.pooled, ctx.diagnostics)
+    return BatchAttribution(scores, logits, columns, run.pooled, ctx.diagnostics, run)
 
 
 def parse_layers(layer, num_layers: int, default: str) -> list[int]:

@@ -44,13 +44,13 @@ def _l2norm(ctx: Context) -> torch.Tensor:
 register_method(Method(
     "normxlogit", _normxlogit,
     "NormXLogit: ||x_i^0|| x LogAt(x_i^l); the input norm times the head's logit for the label on each token",
-    display="NormXLogit", regression_distance=True))
+    display="NormXLogit", regression_distance=True, per_position=True))
 register_method(Method(
     "logat", logat,
     "LogAt: the head-on-top run on each token's layer-l representation, read at the label (|difference from "
     "the pooled token| for regression)",
-    display="LogAt", regression_distance=True, foil_curve=True))
+    display="LogAt", regression_distance=True, foil_curve=True, per_position=True))
 register_method(Method(
     "l2norm", _l2norm,
     "l2 norm of each token's representation (default layer 0, the input embedding); label-independent",
-    display="ℓ2 norm", default_layer="input", label_dependent=False))
+    display="ℓ2 norm", default_layer="input", label_dependent=False, per_position=True))

@@ -132,6 +132,9 @@ class Method:
     experimental: bool = False  # usable by name, not offered by default
     explains_regression: bool = True  # False: it needs a head with two or more classes
     foil_curve: bool = False  # evidence alignment also reads its score for the foil (LogAt's target and foil curves)
+    # its score at position i reads only position i's representations in the pass that makes the prediction (the
+    # head-on-top methods): in a causal LM one pass over a prompt and its continuation holds every generation step
+    per_position: bool = False
 
     def __post_init__(self):
         options = self.options

@@ -96,7 +96,7 @@ def _register(name: str, read: str, norm: str | None, text: str, display: str, w
     register_method(Method(
         name, _variant(read, norm), "Experimental (docs/variants.md): " + text, display=display,
         options=[option], reads_layers=_reads, supports=_classifier_only if classes else None, experimental=True,
-        regression_distance=not classes, explains_regression=not classes))
+        regression_distance=not classes, explains_regression=not classes, per_position=True))
 
 
 _register("normx_margin", "margin", "input",

@@ -1,0 +1,238 @@
+"""Explain what a causal language model writes: every generated token's attribution to the tokens before it.
+
+In a causal LM the hidden state at position i depends only on the tokens at positions <= i. So one forward pass over
+the prompt and its continuation holds every generation step: the head on every position, read at each generated
+token's vocabulary column and kept at the positions before that token, is what the step's own pass on its prefix
+would give. The head-on-top methods (NormXLogit, LogAt, l2 and the variants: ``Method.per_position``) take that one
+pass for all steps, batched over prompts; the others (the gradient methods, which differentiate the prediction; the
+random baselines) take one pass (and backward pass) per step on its prefix, the steps batched as rows. Everything is computed from the
+ids the model produced, never from re-encoded text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from normx._torch import torch
+from normx.core.concurrency import tokenizer_lock
+from normx.core.inputs import Encoded, batches, max_input_length, positive_int
+from normx.errors import EmptyTextError, InputTooLongError, InvalidInputError, UnsupportedModelError
+from normx.explanations.explain import Plan, attribute_batch, model_settings, prepare
+from normx.explanations.generation_result import Generation
+from normx.models import HeadKind
+
+
+def explain_generation(model, tokenizer, prompts: str | Sequence[str], method: str = "normxlogit", layer=None, *,
+                       target=None, max_new_tokens: int = 20, chat: bool = False, gen_args: dict | None = None,
+                       batch_size: int = 8, **options) -> Generation | list[Generation]:
+    """Generate a continuation of each prompt (or take the given one) and explain every generated token.
+
+    Args:
+        model: a causal LM (``*ForCausalLM``), PEFT-wrapped or not.
+        tokenizer: its fast tokenizer.
+        prompts: one prompt or a list; a single string returns one :class:`Generation`.
+        method: a name from ``normx.list_methods()`` that explains causal LMs.
+        layer: as in :func:`normx.explain` (``None``: the method's default; ``"all"``; a list).
+        target: the continuation to explain instead of generating one (teacher forcing), as Captum's
+            ``LLMAttribution`` takes it: a text (tokenised without special tokens and appended to the prompt's
+            ids; give the leading space the words need) or a list of token ids; for a list of prompts, a list with
+            one such target per prompt. ``None``: the model writes it with its own ``generate``.
+        max_new_tokens: the most tokens to generate (greedy unless ``gen_args`` says otherwise).
+        chat: wrap each prompt as a user message with the tokenizer's chat template and its generation prompt.
+        gen_args: more keyword arguments for ``model.generate`` (e.g. ``{"do_sample": True, "top_p": 0.9}``).
+        batch_size: sequences per forward pass (one-pass methods), or prefixes per pass (gradient methods).
+        **options: the method's own options, as in :func:`normx.explain`.
+    """
+    single = isinstance(prompts, str)
+    prompts = [prompts] if single else list(prompts)
+    if not prompts or not all(isinstance(p, str) for p in prompts):
+        raise InvalidInputError("prompts must be a string or a non-empty list of strings")
+    targets = _targets(target, len(prompts), single)
+    positive_int(batch_size, "batch_size")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise InvalidInputError(f"max_new_tokens must be a whole number >= 0, got {max_new_tokens!r}")
+    if gen_args is not None and not isinstance(gen_args, dict):
+        raise InvalidInputError(f"gen_args must be a dict of model.generate arguments, got {type(gen_args).__name__}")
+    plan = prepare(model, tokenizer, method, None, layer, **options)
+    if plan.adapter.kind is not HeadKind.CAUSAL_LM:
+        raise UnsupportedModelError(f"explain_generation explains causal LMs (*ForCausalLM); {plan.handle.name} has "
+                                    f"a {plan.adapter.kind.value.replace('_', ' ')} head: use normx.explain")
+    limit = max_input_length(tokenizer, plan.handle)
+    sequences = []
+    for prompt, forced in zip(prompts, targets):
+        ids = _prompt_ids(tokenizer, prompt, chat, limit)
+        new = _generate(plan, tokenizer, ids, max_new_tokens, gen_args) if forced is None else \
+            _target_ids(tokenizer, forced)
+        if len(ids) + len(new) > limit:
+            raise InputTooLongError(f"the prompt ({len(ids)} tokens) and its continuation ({len(new)}) are longer "
+                                    f"than the {limit} tokens this model takes")
+        sequences.append((prompt, ids, new))
+    items = [_encoded(tokenizer, ids + new) for _, ids, new in sequences]
+    lengths = [len(ids) for _, ids, _ in sequences]
+    compute = _one_pass if plan.method.per_position else _per_step
+    scores, probabilities, predictions = compute(plan, tokenizer, items, lengths, batch_size)
+    settings = {"method": plan.method.name, "layer": layer, "chat": chat, "max_new_tokens": max_new_tokens,
+                "teacher_forcing": target is not None, "gen_args": dict(gen_args or {}),
+                **model_settings(plan.handle), **plan.options}
+    out = [Generation(prompt=prompt, text=item.text, token_ids=list(item.ids), tokens=list(item.tokens),
+                      offsets=list(item.offsets), special=list(item.special), prompt_length=length, scores=s,
+                      probabilities=p, predictions=q, layers=list(plan.layers), method=plan.method.name,
+                      settings=settings, family=plan.adapter.family)
+           for (prompt, _, _), item, length, s, p, q in zip(sequences, items, lengths, scores, probabilities,
+                                                          predictions)]
+    return out[0] if single else out
+
+
+# ---- inputs --------------------------------------------------------------------------------------------------------
+def _targets(target, count: int, single: bool) -> list:
+    if target is None:
+        return [None] * count
+    if single:
+        return [target]
+    if isinstance(target, str) or not isinstance(target, Sequence) or len(target) != count:
+        raise InvalidInputError(f"for {count} prompts give target as a list of {count} continuations (texts or "
+                                "lists of token ids), or None to generate")
+    return list(target)
+
+
+def _prompt_ids(tokenizer, prompt: str, chat: bool, limit: int) -> list[int]:
+    if not prompt.strip():
+        raise EmptyTextError("a prompt is empty or only whitespace; give some text to continue")
+    with tokenizer_lock(tokenizer):
+        if chat:
+            if not getattr(tokenizer, "chat_template", None):
+                raise InvalidInputError("chat=True, but this tokenizer has no chat template")
+            text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                                 add_generation_prompt=True)
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        else:
+            ids = tokenizer(prompt)["input_ids"]
+    if len(ids) > limit:
+        raise InputTooLongError(f"the prompt has {len(ids)} tokens; this model takes {limit}")
+    return list(ids)
+
+
+def _target_ids(tokenizer, target) -> list[int]:
+    if isinstance(target, str):
+        if not target:
+            raise EmptyTextError("target is an empty continuation; give some text or token ids")
+        with tokenizer_lock(tokenizer):
+            return list(tokenizer(target, add_special_tokens=False)["input_ids"])
+    ids = list(target)
+    vocab = len(tokenizer)
+    if not ids or not all(isinstance(i, (int, np.integer)) and not isinstance(i, bool) and 0 <= i < vocab
+                          for i in ids):
+        raise InvalidInputError(f"target must be a text or a non-empty list of token ids in 0..{vocab - 1}")
+    return [int(i) for i in ids]
+
+
+def _generate(plan: Plan, tokenizer, ids: list[int], max_new_tokens: int, gen_args: dict | None) -> list[int]:
+    """The model's own continuation of ``ids`` (greedy unless ``gen_args`` says otherwise), one prompt at a time
+    (so that no padding changes what it writes)."""
+    if max_new_tokens == 0:
+        return []
+    handle = plan.handle
+    inputs = torch.tensor([ids], device=handle.device)
+    kwargs = {"max_new_tokens": max_new_tokens, "do_sample": False, **(gen_args or {})}
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    with handle.using(), torch.no_grad():
+        out = handle.model.generate(input_ids=inputs, attention_mask=torch.ones_like(inputs), pad_token_id=pad,
+                                    **kwargs)
+    return out[0, len(ids):].tolist()
+
+
+def _encoded(tokenizer, ids: list[int]) -> Encoded:
+    """The sequence as normx's batching takes it, with character spans of each token in its decoded text."""
+    with tokenizer_lock(tokenizer):
+        tokens = tokenizer.convert_ids_to_tokens(ids)
+        ends = [len(tokenizer.decode(ids[:i + 1])) for i in range(len(ids))]
+        text = tokenizer.decode(ids)
+    special_ids = set(getattr(tokenizer, "all_special_ids", []))
+    offsets, start = [], 0
+    for end in ends:
+        end = max(start, min(end, len(text)))
+        offsets.append((start, end))
+        start = end
+    return Encoded(text=text, text_pair=None, ids=list(ids), tokens=list(tokens), offsets=offsets,
+                   segments=[0] * len(ids), special=[i in special_ids for i in ids])
+
+
+# ---- the two ways of computing -----------------------------------------------------------------------------------
+def _one_pass(plan: Plan, tokenizer, items: list[Encoded], lengths: list[int], batch_size: int):
+    """One forward pass per batch of whole sequences; every step read from it."""
+    scores, probabilities, predictions = [], [], []
+    base, adapter = plan.base, plan.adapter
+    starts = iter(lengths)
+    for batch, inputs in batches(items, batch_size, tokenizer, adapter, plan.handle.device):
+        rows = [(item, next(starts)) for item in batch]
+        steps = max(len(item.ids) - length for item, length in rows)
+        if steps == 0:
+            for item, _ in rows:
+                scores.append(np.full((len(plan.layers), 0, len(item.ids)), np.nan, np.float32))
+                probabilities.append(np.zeros(0, np.float32))
+                predictions.append([])
+            continue
+        keep = [np.flatnonzero(m) for m in inputs["attention_mask"].bool().cpu().numpy()]
+        columns = torch.tensor([_padded(item.ids[length:], steps) for item, length in rows], device=inputs[
+            "input_ids"].device)
+        out = attribute_batch(plan, inputs, columns)
+        run = out.run
+        last = run.head_input(adapter.num_layers(base))  # [B, T, H], after the final norm
+        with plan.handle.using(), torch.no_grad():
+            for r, (item, length) in enumerate(rows):
+                n = len(item.ids) - length
+                where = torch.as_tensor(keep[r][length - 1:len(item.ids) - 1], device=last.device)
+                logits = adapter.head(base, last[r, where], None).float()  # [n, V] at the positions before
+                probs = torch.softmax(logits, -1).gather(1, columns[r, :n, None])[:, 0]
+                matrix = out.scores[r, :n][:, :, keep[r]].permute(1, 0, 2).cpu().numpy().copy()  # [L, n, T]
+                _mask_after(matrix, length)
+                scores.append(matrix)
+                probabilities.append(probs.cpu().numpy().astype(np.float32))
+                predictions.append(logits.argmax(-1).tolist())
+    return scores, probabilities, predictions
+
+
+def _per_step(plan: Plan, tokenizer, items: list[Encoded], lengths: list[int], batch_size: int):
+    """One pass (and backward pass) per generated token, on its prefix, the prefixes batched as rows."""
+    prefixes = [(i, p) for i, (item, length) in enumerate(zip(items, lengths)) for p in range(length, len(item.ids))]
+    found = {}
+    for start in range(0, len(prefixes), batch_size):
+        chunk = prefixes[start:start + batch_size]
+        encoded = [_prefix(items[i], p) for i, p in chunk]
+        (_, inputs), = batches(encoded, len(encoded), tokenizer, plan.adapter, plan.handle.device)
+        columns = torch.tensor([[items[i].ids[p]] for i, p in chunk], device=inputs["input_ids"].device)
+        out = attribute_batch(plan, inputs, columns)
+        mask = inputs["attention_mask"].bool().cpu().numpy()
+        probs = torch.softmax(out.logits, -1).gather(1, columns)[:, 0].cpu().numpy()
+        top = out.logits.argmax(-1).tolist()
+        for r, (i, p) in enumerate(chunk):
+            found[i, p] = (out.scores[r, 0][:, np.flatnonzero(mask[r])].cpu().numpy(), probs[r], top[r])
+    scores, probabilities, predictions = [], [], []
+    for i, (item, length) in enumerate(zip(items, lengths)):
+        steps = range(length, len(item.ids))
+        matrix = np.full((len(plan.layers), len(steps), len(item.ids)), np.nan, np.float32)
+        for t, p in enumerate(steps):
+            matrix[:, t, :p] = found[i, p][0]
+        scores.append(matrix)
+        probabilities.append(np.array([found[i, p][1] for p in steps], np.float32))
+        predictions.append([found[i, p][2] for p in steps])
+    return scores, probabilities, predictions
+
+
+def _prefix(item: Encoded, p: int) -> Encoded:
+    return Encoded(text=item.text[:item.offsets[p - 1][1]], text_pair=None, ids=item.ids[:p],
+                   tokens=item.tokens[:p], offsets=item.offsets[:p], segments=item.segments[:p],
+                   special=item.special[:p])
+
+
+def _padded(ids: list[int], width: int) -> list[int]:
+    """A row of target columns padded to ``width`` (repeating its last id; the padding's scores are dropped)."""
+    return ids + [ids[-1] if ids else 0] * (width - len(ids))
+
+
+def _mask_after(matrix: np.ndarray, length: int) -> None:
+    """NaN at and after each step's own position (step t explains the token at ``length + t``)."""
+    for t in range(matrix.shape[1]):
+        matrix[:, t, length + t:] = np.nan

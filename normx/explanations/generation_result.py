@@ -1,0 +1,148 @@
+"""The result of explaining what a causal language model wrote: every generated token's attribution to the tokens
+before it (:func:`normx.explanations.generation.explain_generation`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from normx.errors import InvalidInputError
+from normx.explanations.result import Explanation, _floats, _plain
+from normx.models import HeadKind
+
+
+@dataclass(frozen=True)
+class Generation:
+    """A prompt, what the model wrote after it, and why, step by step.
+
+    ``tokens`` / ``token_ids`` are the prompt's tokens then the output's (as the model read them: the prompt after
+    the chat template, if one was applied). Step ``t`` is the generated token at index ``p = prompt_length + t``;
+    ``scores[j, t, :p]`` are its scores at layer ``layers[j]`` for the positions ``0 .. p-1`` before it, and
+    ``scores[j, t, p:]`` are NaN. ``probabilities[t]`` is the model's probability of that token given the tokens
+    before it; ``predictions[t]`` the vocabulary id it ranked first there (the token itself under greedy decoding).
+    """
+
+    prompt: str
+    text: str  # the whole sequence, decoded
+    token_ids: list[int]
+    tokens: list[str]
+    offsets: list[tuple[int, int]]  # character spans of the tokens in ``text``
+    special: list[bool]
+    prompt_length: int
+    scores: np.ndarray  # [layers, steps, len(tokens)] float32, NaN at and after each step's own position
+    probabilities: np.ndarray  # [steps]
+    predictions: list[int]
+    layers: list[int]
+    method: str
+    settings: dict = field(default_factory=dict)
+    family: str = ""
+    warnings: list[str] = field(default_factory=list)
+
+    def __post_init__(self):
+        expected = (len(self.layers), self.steps, len(self.tokens))
+        if tuple(self.scores.shape) != expected:
+            raise ValueError(f"scores has shape {tuple(self.scores.shape)}, expected {expected}")
+        if not 0 <= self.prompt_length <= len(self.tokens) or len(self.token_ids) != len(self.tokens):
+            raise ValueError("prompt_length and token_ids must fit the tokens")
+
+    # ---- views -----------------------------------------------------------------------------------------------------
+    @property
+    def steps(self) -> int:
+        """The number of generated tokens."""
+        return len(self.tokens) - self.prompt_length
+
+    @property
+    def generated(self) -> list[int]:
+        """The indices of the generated tokens in ``tokens``."""
+        return list(range(self.prompt_length, len(self.tokens)))
+
+    @property
+    def continuation(self) -> str:
+        """The generated text."""
+        return self.text[self.offsets[self.prompt_length][0]:] if self.steps else ""
+
+    @property
+    def score(self) -> np.ndarray:
+        """[steps, len(tokens)] the scores at the last requested layer."""
+        return self.scores[-1]
+
+    def layer_index(self, layer: int | None = None) -> int:
+        if layer is None:
+            return len(self.layers) - 1
+        if layer in self.layers:
+            return self.layers.index(layer)
+        raise InvalidInputError(f"layer {layer} was not computed; this generation has layers {self.layers}")
+
+    def step_index(self, step: int) -> int:
+        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or not -self.steps <= step < self.steps:
+            raise InvalidInputError(f"step {step!r} is out of range: {self.steps} tokens were generated "
+                                    f"(steps 0..{self.steps - 1}, or negative from the end)")
+        return int(step) % self.steps
+
+    def rows(self, layer: int | None = None) -> list[np.ndarray]:
+        """One row per generated token: the row of the token at index ``p`` has ``p`` scores (positions 0..p-1)."""
+        j = self.layer_index(layer)
+        return [self.scores[j, t, :p] for t, p in enumerate(self.generated)]
+
+    def top(self, step: int, k: int = 3, layer: int | None = None) -> list[tuple[int, str, float]]:
+        """The ``k`` tokens generated token ``step`` drew on most: ``(index, token, score)``, highest score first."""
+        t = self.step_index(step)
+        row = self.rows(layer)[t]
+        order = np.argsort(-row, kind="stable")[:k]
+        return [(int(i), self.tokens[i], float(row[i])) for i in order]
+
+    def step(self, step: int) -> Explanation:
+        """Generated token ``step`` as an :class:`Explanation` of the tokens before it, with that token as the
+        target: what ``normx.explain`` gives on that prefix with ``target=`` the token (every layer computed)."""
+        t = self.step_index(step)
+        p = self.prompt_length + t
+        label = self.tokens[p]
+        return Explanation(
+            text=self.text[:self.offsets[p - 1][1]] if p else "", text_pair=None, tokens=self.tokens[:p],
+            offsets=self.offsets[:p], segments=[0] * p, special=self.special[:p],
+            scores=np.ascontiguousarray(self.scores[:, t, :p][None]), labels=[label], layers=list(self.layers),
+            prediction=self._token(self.predictions[t], label), probabilities={label: float(self.probabilities[t])},
+            method=self.method, settings={**self.settings, "target": self.token_ids[p]}, warnings=list(self.warnings),
+            kind=HeadKind.CAUSAL_LM.value, family=self.family, pooled=p - 1)
+
+    def _token(self, token_id: int, fallback: str) -> str:
+        """A vocabulary id's token as this sequence spells it (the explained token's own, else the id)."""
+        for tid, token in zip(self.token_ids, self.tokens):
+            if tid == token_id:
+                return token
+        return fallback if token_id == self.token_ids[self.prompt_length] else f"<id {token_id}>"
+
+    # ---- export ----------------------------------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        """Plain JSON data: ``scores`` has one row per generated token (the row of the token at index ``p`` has
+        ``p`` entries, for positions 0..p-1) at the last requested layer; ``scores_by_layer`` every layer's."""
+        by_layer = {str(layer): [_floats(row) for row in self.rows(layer)] for layer in self.layers}
+        return {
+            "prompt": self.prompt, "text": self.text, "token_ids": list(self.token_ids), "tokens": list(self.tokens),
+            "offsets": [list(o) for o in self.offsets], "special": list(self.special),
+            "prompt_length": self.prompt_length, "generated": self.generated, "continuation": self.continuation,
+            "scores": by_layer[str(self.layers[-1])], "probabilities": _floats(self.probabilities),
+            "predictions": list(self.predictions), "layers": list(self.layers), "scores_by_layer": by_layer,
+            "method": self.method, "family": self.family, "settings": _plain(self.settings),
+            "warnings": list(self.warnings),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Generation:
+        """The :class:`Generation` that :meth:`to_dict` wrote (``scores_by_layer``, or ``scores`` alone)."""
+        tokens, length = list(data["tokens"]), int(data["prompt_length"])
+        layers = [int(layer) for layer in data.get("layers", [0])]
+        by_layer = data.get("scores_by_layer") or {str(layers[-1]): data["scores"]}
+        scores = np.full((len(layers), len(tokens) - length, len(tokens)), np.nan, dtype=np.float32)
+        for j, layer in enumerate(layers):
+            for t, row in enumerate(by_layer[str(layer)]):
+                scores[j, t, :len(row)] = [np.nan if v is None else v for v in row]
+        return cls(
+            prompt=data["prompt"], text=data["text"], token_ids=[int(i) for i in data["token_ids"]], tokens=tokens,
+            offsets=[tuple(o) for o in data["offsets"]], special=[bool(s) for s in data["special"]],
+            prompt_length=length, scores=scores,
+            probabilities=np.array([np.nan if v is None else v for v in data["probabilities"]], dtype=np.float32),
+            predictions=[int(i) for i in data["predictions"]], layers=layers, method=data["method"],
+            settings=dict(data.get("settings", {})), family=data.get("family", ""),
+            warnings=list(data.get("warnings", [])))
