@@ -83,9 +83,10 @@ def load_model(name_or_path: str = "minilm-sst2", **kwargs):
 
 
 __all__ = [
-    "Adapter", "EmptyTextError", "Explanation", "Generation", "HookNotFiredError", "InputTooLongError", "InvalidInputError",
-    "LayerOutOfRangeError", "Method", "ModelLoadError", "NormxError", "Option", "PairNotSupportedError",
-    "PairRequiredError", "UnknownMethodError", "UnknownTargetError", "UnsupportedModelError", "WorkBudgetError",
-    "attribute_dataset", "capture", "describe_methods", "explain", "explain_generation", "get_adapter", "list_methods", "list_presets",
-    "load_model", "register_adapter", "register_method", "supported_models",
+    "Adapter", "EmptyTextError", "Explanation", "Generation", "HookNotFiredError", "InputTooLongError",
+    "InvalidInputError", "LayerOutOfRangeError", "Method", "ModelLoadError", "NormxError", "Option",
+    "PairNotSupportedError", "PairRequiredError", "UnknownMethodError", "UnknownTargetError", "UnsupportedModelError",
+    "WorkBudgetError", "attribute_dataset", "capture", "describe_methods", "explain", "explain_generation",
+    "get_adapter", "list_methods", "list_presets", "load_model", "register_adapter", "register_method",
+    "supported_models",
 ]

@@ -8,6 +8,8 @@ import os
 import sys
 import warnings
 
+from normx.cli.options import layer_spec
+from normx.cli.options import texts as read_texts
 from normx.errors import InvalidInputError, NormxError
 
 
@@ -93,6 +95,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         add_evaluate_parser(sub)
     else:
         sub.add_parser("evaluate", help="evaluate explanations: faithfulness, blimp")
+    from normx.cli import generate
+
+    generate.add_parser(sub, heavy("generate"))
     sub.add_parser("demo", add_help=False,
                    help="serve the Gradio demo (demo/app.py; `normx demo --help` for its options)")
     return parser
@@ -138,11 +143,15 @@ def _run(args) -> int:
         return _attribute(args)
     if args.command == "supported":
         return _supported(args)
+    if args.command == "generate":
+        from normx.cli.generate import run
+
+        return run(args)
 
     # everything that can be checked without the model is checked before it loads
     get_method(args.method)
-    layer = args.layer if args.layer in (None, "all") else _layer(args.layer)
-    texts = _texts(args.texts)
+    layer = layer_spec(args.layer)
+    texts = read_texts(args.texts)
     _check_labels(args.model, [*(args.target or []), *([args.foil] if args.foil else [])])
     kwargs = {"gguf_file": args.gguf_file} if args.gguf_file else {}
     from normx.explanations.explain import explain
@@ -176,7 +185,7 @@ def _attribute(args) -> int:
     from normx.zoo.loading import load_model
 
     get_method(args.method)
-    layer = args.layer if args.layer in (None, "all") else _layer(args.layer)
+    layer = layer_spec(args.layer)
     model, tokenizer = load_model(args.model)
     local = os.environ.get("LOCAL_RANK")
     if local is not None:
@@ -318,28 +327,6 @@ def _quiet_transformers() -> None:
 
 def _maybe_int(value: str):
     return int(value) if value.strip().lstrip("-").isdigit() else value
-
-
-def _layer(value: str):
-    """``--layer``: an index, a comma-separated list of indices, or 'all' (ranges are checked with the model)."""
-    parts = [part.strip() for part in value.split(",")]
-    bad = [part for part in parts if not part.lstrip("-").isdigit()]
-    if bad or not parts:
-        raise InvalidInputError(f"--layer {value!r} is not allowed: give a layer index (0 = embeddings, negative "
-                                "counts from the end), a comma-separated list of them, or 'all'")
-    numbers = [int(part) for part in parts]
-    return numbers if "," in value else numbers[0]
-
-
-def _texts(texts: list[str]) -> list[str]:
-    """The TEXT arguments; a lone `-` reads the texts from standard input, one per non-empty line."""
-    if texts != ["-"]:
-        return list(texts)
-    lines = [line.rstrip("\r\n") for line in sys.stdin]
-    texts = [line for line in lines if line.strip()]
-    if not texts:
-        raise InvalidInputError("`-` reads the texts from standard input, one per line, but it had none")
-    return texts
 
 
 if __name__ == "__main__":

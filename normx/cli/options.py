@@ -1,9 +1,10 @@
-"""Options that several commands share: lists of names, the output folder."""
+"""Options that several commands share: lists of names, the output folder, layers, texts."""
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 
 from normx.errors import InvalidInputError
@@ -32,3 +33,28 @@ def output_folder(path: str) -> Path:
     if not os.access(folder, os.W_OK):
         raise InvalidInputError(f"--out {path!r}: the folder is not writable")
     return folder
+
+
+def layer_spec(value: str | None):
+    """``--layer``: None, an index, a comma-separated list of indices, or 'all' (ranges are checked with the
+    model)."""
+    if value in (None, "all"):
+        return value
+    parts = [part.strip() for part in value.split(",")]
+    bad = [part for part in parts if not part.lstrip("-").isdigit()]
+    if bad or not parts:
+        raise InvalidInputError(f"--layer {value!r} is not allowed: give a layer index (0 = embeddings, negative "
+                                "counts from the end), a comma-separated list of them, or 'all'")
+    numbers = [int(part) for part in parts]
+    return numbers if "," in value else numbers[0]
+
+
+def texts(values: list[str]) -> list[str]:
+    """The TEXT arguments; a lone `-` reads the texts from standard input, one per non-empty line."""
+    if values != ["-"]:
+        return list(values)
+    lines = [line.rstrip("\r\n") for line in sys.stdin]
+    read = [line for line in lines if line.strip()]
+    if not read:
+        raise InvalidInputError("`-` reads the texts from standard input, one per line, but it had none")
+    return read

@@ -5,8 +5,8 @@ the prompt and its continuation holds every generation step: the head on every p
 token's vocabulary column and kept at the positions before that token, is what the step's own pass on its prefix
 would give. The head-on-top methods (NormXLogit, LogAt, l2 and the variants: ``Method.per_position``) take that one
 pass for all steps, batched over prompts; the others (the gradient methods, which differentiate the prediction; the
-random baselines) take one pass (and backward pass) per step on its prefix, the steps batched as rows. Everything is computed from the
-ids the model produced, never from re-encoded text.
+random baselines) take one pass (and backward pass) per step on its prefix, the steps batched as rows. Everything
+is computed from the ids the model produced, never from re-encoded text.
 """
 
 from __future__ import annotations

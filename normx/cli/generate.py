@@ -1,0 +1,77 @@
+"""``normx generate``: explain what a causal LM writes, token by token (:func:`normx.explain_generation`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from normx.cli.options import layer_spec, texts
+
+
+def add_parser(sub, heavy: bool) -> argparse.ArgumentParser:
+    """Add the ``generate`` subcommand (its method flags only when it is the command about to run)."""
+    parser = sub.add_parser("generate", help="explain every token a causal LM writes after a prompt (one forward "
+                                             "pass for the head-on-top methods)")
+    parser.add_argument("prompts", nargs="+", metavar="PROMPT", help="prompt(s); `-` reads them from standard "
+                        "input, one per line")
+    parser.add_argument("--model", required=True, help="a causal-LM preset (`normx models`), a model folder, a PEFT "
+                        "adapter folder or a hub id")
+    parser.add_argument("--max-new-tokens", type=int, default=20, help="the most tokens to generate (default 20)")
+    parser.add_argument("--continuation", default=None, metavar="TEXT", help="explain this continuation instead "
+                        "of generating one (teacher forcing; give the leading space the words need)")
+    parser.add_argument("--chat", action="store_true", help="wrap the prompt as a user message with the "
+                        "tokenizer's chat template")
+    parser.add_argument("--method", default="normxlogit", help="attribution method (see `normx methods`)")
+    parser.add_argument("--layer", default=None, help="layer index (0 = embeddings, negative from the end), a "
+                        "comma-separated list, or 'all'")
+    parser.add_argument("--top", type=int, default=3, help="how many earlier tokens to show per generated token")
+    if heavy:
+        from normx.cli.flags import add_method_flags
+
+        add_method_flags(parser)
+    parser.add_argument("--gguf-file", default=None, help="load a GGUF checkpoint file inside the model folder")
+    parser.add_argument("--json", action="store_true", help="print one JSON object per prompt, one per line")
+    parser.add_argument("--no-color", action="store_true", help="no ANSI colours")
+    return parser
+
+
+def run(args) -> int:
+    from normx.cli.flags import given_options
+    from normx.errors import InvalidInputError
+    from normx.methods import get_method
+
+    get_method(args.method)  # checked before the model loads
+    layer = layer_spec(args.layer)
+    prompts = texts(args.prompts)
+    if args.top < 1:
+        raise InvalidInputError(f"--top must be at least 1, got {args.top}")
+    from normx.explanations.generation import explain_generation
+    from normx.zoo.loading import load_model
+
+    model, tokenizer = load_model(args.model, **({"gguf_file": args.gguf_file} if args.gguf_file else {}))
+    target = None if args.continuation is None else [args.continuation] * len(prompts)
+    results = explain_generation(model, tokenizer, prompts, method=args.method, layer=layer, target=target,
+                                 max_new_tokens=args.max_new_tokens, chat=args.chat, **given_options(args))
+    if args.json:
+        for generation in results:
+            print(json.dumps({"model": args.model, **generation.to_dict()}, ensure_ascii=False))
+        return 0
+    color = not args.no_color and sys.stdout.isatty() and "NO_COLOR" not in os.environ
+    print("\n\n".join(render_generation(g, args.top, color) for g in results))
+    return 0
+
+
+def render_generation(generation, top: int = 3, color: bool = False) -> str:
+    """The prompt, the continuation, then one line per generated token: its probability and the earlier tokens it
+    drew on most (highest scores first)."""
+    bold, reset = ("\033[1m", "\033[0m") if color else ("", "")
+    lines = [f"prompt: {generation.prompt!r}", f"output: {bold}{generation.continuation!r}{reset}",
+             f"method: {generation.method}, layer {generation.layers[-1]}; {generation.steps} generated tokens"]
+    width = max((len(repr(generation.tokens[p])) for p in generation.generated), default=0)
+    for t, p in enumerate(generation.generated):
+        drew = ", ".join(f"{token!r}@{index} {score:+.3g}" for index, token, score in generation.top(t, top))
+        lines.append(f"  {bold}{generation.tokens[p]!r:<{width}}{reset}  p={generation.probabilities[t]:.3f}  "
+                     f"<- {drew}")
+    return "\n".join(lines)
