@@ -190,7 +190,7 @@ class Demo:
                         unit = gr.Radio(["word", "subword"], value="word", label="Units", elem_id="normx-unit",
                                         scale=2)
                         show_special = gr.Checkbox(value=False, label="Special tokens", scale=1, min_width=100)
-                    step = gr.Radio(choices=[0], value=0, label="Explained prediction (greedy step)",
+                    step = gr.Radio(choices=[0], value=0, label="Generated token: pick one to see what it drew on",
                                     visible=False, elem_id="normx-step")
                     gr.Markdown(views.LEGEND)
                     with gr.Tabs():

@@ -72,16 +72,16 @@ def explain_generation(model, tokenizer, prompts: str | Sequence[str], method: s
     items = [_encoded(tokenizer, ids + new) for _, ids, new in sequences]
     lengths = [len(ids) for _, ids, _ in sequences]
     compute = _one_pass if plan.method.per_position else _per_step
-    scores, probabilities, predictions = compute(plan, tokenizer, items, lengths, batch_size)
+    scores, probabilities, predictions, shown = compute(plan, tokenizer, items, lengths, batch_size)
     settings = {"method": plan.method.name, "layer": layer, "chat": chat, "max_new_tokens": max_new_tokens,
                 "teacher_forcing": target is not None, "gen_args": dict(gen_args or {}),
                 **model_settings(plan.handle), **plan.options}
     out = [Generation(prompt=prompt, text=item.text, token_ids=list(item.ids), tokens=list(item.tokens),
                       offsets=list(item.offsets), special=list(item.special), prompt_length=length, scores=s,
                       probabilities=p, predictions=q, layers=list(plan.layers), method=plan.method.name,
-                      settings=settings, family=plan.adapter.family)
-           for (prompt, _, _), item, length, s, p, q in zip(sequences, items, lengths, scores, probabilities,
-                                                          predictions)]
+                      settings=settings, family=plan.adapter.family, alternatives=a)
+           for (prompt, _, _), item, length, s, p, q, a in zip(sequences, items, lengths, scores, probabilities,
+                                                             predictions, shown)]
     return out[0] if single else out
 
 
@@ -162,7 +162,7 @@ def _encoded(tokenizer, ids: list[int]) -> Encoded:
 # ---- the two ways of computing -----------------------------------------------------------------------------------
 def _one_pass(plan: Plan, tokenizer, items: list[Encoded], lengths: list[int], batch_size: int):
     """One forward pass per batch of whole sequences; every step read from it."""
-    scores, probabilities, predictions = [], [], []
+    scores, probabilities, predictions, shown = [], [], [], []
     base, adapter = plan.base, plan.adapter
     starts = iter(lengths)
     for batch, inputs in batches(items, batch_size, tokenizer, adapter, plan.handle.device):
@@ -173,6 +173,7 @@ def _one_pass(plan: Plan, tokenizer, items: list[Encoded], lengths: list[int], b
                 scores.append(np.full((len(plan.layers), 0, len(item.ids)), np.nan, np.float32))
                 probabilities.append(np.zeros(0, np.float32))
                 predictions.append([])
+                shown.append([])
             continue
         keep = [np.flatnonzero(m) for m in inputs["attention_mask"].bool().cpu().numpy()]
         columns = torch.tensor([_padded(item.ids[length:], steps) for item, length in rows], device=inputs[
@@ -186,12 +187,13 @@ def _one_pass(plan: Plan, tokenizer, items: list[Encoded], lengths: list[int], b
                 where = torch.as_tensor(keep[r][length - 1:len(item.ids) - 1], device=last.device)
                 logits = adapter.head(base, last[r, where], None).float()  # [n, V] at the positions before
                 probs = torch.softmax(logits, -1).gather(1, columns[r, :n, None])[:, 0]
+                shown.append([plan.labels.prediction(logits[i], [item.ids[length + i]])[1] for i in range(n)])
                 matrix = out.scores[r, :n][:, :, keep[r]].permute(1, 0, 2).cpu().numpy().copy()  # [L, n, T]
                 _mask_after(matrix, length)
                 scores.append(matrix)
                 probabilities.append(probs.cpu().numpy().astype(np.float32))
                 predictions.append(logits.argmax(-1).tolist())
-    return scores, probabilities, predictions
+    return scores, probabilities, predictions, shown
 
 
 def _per_step(plan: Plan, tokenizer, items: list[Encoded], lengths: list[int], batch_size: int):
@@ -208,8 +210,9 @@ def _per_step(plan: Plan, tokenizer, items: list[Encoded], lengths: list[int], b
         probs = torch.softmax(out.logits, -1).gather(1, columns)[:, 0].cpu().numpy()
         top = out.logits.argmax(-1).tolist()
         for r, (i, p) in enumerate(chunk):
-            found[i, p] = (out.scores[r, 0][:, np.flatnonzero(mask[r])].cpu().numpy(), probs[r], top[r])
-    scores, probabilities, predictions = [], [], []
+            found[i, p] = (out.scores[r, 0][:, np.flatnonzero(mask[r])].cpu().numpy(), probs[r], top[r],
+                           plan.labels.prediction(out.logits[r], [items[i].ids[p]])[1])
+    scores, probabilities, predictions, shown = [], [], [], []
     for i, (item, length) in enumerate(zip(items, lengths)):
         steps = range(length, len(item.ids))
         matrix = np.full((len(plan.layers), len(steps), len(item.ids)), np.nan, np.float32)
@@ -218,7 +221,8 @@ def _per_step(plan: Plan, tokenizer, items: list[Encoded], lengths: list[int], b
         scores.append(matrix)
         probabilities.append(np.array([found[i, p][1] for p in steps], np.float32))
         predictions.append([found[i, p][2] for p in steps])
-    return scores, probabilities, predictions
+        shown.append([found[i, p][3] for p in steps])
+    return scores, probabilities, predictions, shown
 
 
 def _prefix(item: Encoded, p: int) -> Encoded:

@@ -20,7 +20,8 @@ class Generation:
     the chat template, if one was applied). Step ``t`` is the generated token at index ``p = prompt_length + t``;
     ``scores[j, t, :p]`` are its scores at layer ``layers[j]`` for the positions ``0 .. p-1`` before it, and
     ``scores[j, t, p:]`` are NaN. ``probabilities[t]`` is the model's probability of that token given the tokens
-    before it; ``predictions[t]`` the vocabulary id it ranked first there (the token itself under greedy decoding).
+    before it; ``predictions[t]`` the vocabulary id it ranked first there (the token itself under greedy decoding),
+    ``alternatives[t]`` the probabilities of its top tokens there, as ``normx.explain`` reports them.
     """
 
     prompt: str
@@ -38,6 +39,8 @@ class Generation:
     settings: dict = field(default_factory=dict)
     family: str = ""
     warnings: list[str] = field(default_factory=list)
+    # per step: the probabilities of the model's top tokens there and of the generated one (token -> probability)
+    alternatives: list[dict[str, float]] = field(default_factory=list)
 
     def __post_init__(self):
         expected = (len(self.layers), self.steps, len(self.tokens))
@@ -102,16 +105,18 @@ class Generation:
             text=self.text[:self.offsets[p - 1][1]] if p else "", text_pair=None, tokens=self.tokens[:p],
             offsets=self.offsets[:p], segments=[0] * p, special=self.special[:p],
             scores=np.ascontiguousarray(self.scores[:, t, :p][None]), labels=[label], layers=list(self.layers),
-            prediction=self._token(self.predictions[t], label), probabilities={label: float(self.probabilities[t])},
+            prediction=self._prediction(t),
+            probabilities=dict(self.alternatives[t]) if self.alternatives else {label: float(self.probabilities[t])},
             method=self.method, settings={**self.settings, "target": self.token_ids[p]}, warnings=list(self.warnings),
             kind=HeadKind.CAUSAL_LM.value, family=self.family, pooled=p - 1)
 
-    def _token(self, token_id: int, fallback: str) -> str:
-        """A vocabulary id's token as this sequence spells it (the explained token's own, else the id)."""
-        for tid, token in zip(self.token_ids, self.tokens):
-            if tid == token_id:
-                return token
-        return fallback if token_id == self.token_ids[self.prompt_length] else f"<id {token_id}>"
+    def _prediction(self, t: int) -> str:
+        """The token the model ranked first at step ``t``: the first of its alternatives (listed top first), else
+        the token of that id in this sequence."""
+        if self.alternatives and self.alternatives[t]:
+            return next(iter(self.alternatives[t]))
+        token_id = self.predictions[t]
+        return next((token for tid, token in zip(self.token_ids, self.tokens) if tid == token_id), f"<id {token_id}>")
 
     # ---- export ----------------------------------------------------------------------------------------------------
     def to_dict(self) -> dict:
@@ -124,6 +129,7 @@ class Generation:
             "prompt_length": self.prompt_length, "generated": self.generated, "continuation": self.continuation,
             "scores": by_layer[str(self.layers[-1])], "probabilities": _floats(self.probabilities),
             "predictions": list(self.predictions), "layers": list(self.layers), "scores_by_layer": by_layer,
+            "alternatives": [dict(a) for a in self.alternatives],
             "method": self.method, "family": self.family, "settings": _plain(self.settings),
             "warnings": list(self.warnings),
         }
@@ -145,4 +151,4 @@ class Generation:
             probabilities=np.array([np.nan if v is None else v for v in data["probabilities"]], dtype=np.float32),
             predictions=[int(i) for i in data["predictions"]], layers=layers, method=data["method"],
             settings=dict(data.get("settings", {})), family=data.get("family", ""),
-            warnings=list(data.get("warnings", [])))
+            warnings=list(data.get("warnings", [])), alternatives=[dict(a) for a in data.get("alternatives", [])])

@@ -1,6 +1,7 @@
 """One page session of explanations, as a server runs it: check the input, estimate its work against the budget,
-explain (every label and layer at once; a causal LM's greedy continuation step by step), and keep the results in
-a :class:`PageState` so that every later view comes from it without another forward pass.
+explain (every label and layer at once; a causal LM's greedy continuation, every step from the ids it produced:
+one forward pass for the head-on-top methods), and keep the results in a :class:`PageState` so that every later
+view comes from it without another forward pass.
 
 Plain functions of a model cache (``cache.get(name) -> (model, tokenizer)``) and a
 :class:`~normx.serving.budget.WorkGate`; no web framework.
@@ -14,6 +15,8 @@ from dataclasses import dataclass, field
 from normx import errors
 from normx.core.inputs import check_text, count_tokens
 from normx.explanations.explain import explain
+from normx.explanations.generation import explain_generation
+from normx.explanations.generation_result import Generation
 from normx.explanations.result import Explanation
 from normx.methods import get_method, list_methods
 from normx.models import HeadKind, get_adapter, unwrap_model
@@ -21,8 +24,8 @@ from normx.serving.budget import WorkGate, estimate_gflop
 
 MAX_CHARS = 2000  # per text box
 MAX_TOKENS = 512  # per request (text + pair, special tokens included)
-MAX_CONTINUATION = 8  # greedy continuation tokens for causal LMs
-DEFAULT_CONTINUATION = 3
+MAX_CONTINUATION = 32  # greedy continuation tokens for causal LMs
+DEFAULT_CONTINUATION = 8
 
 
 @dataclass
@@ -38,6 +41,7 @@ class PageState:
     prefixes: list[str]
     steps: list[Explanation]
     continuation: str | None = None
+    generation: Generation | None = None  # a causal LM's prompt, continuation and every step's scores
     compare: dict[int, dict[str, Explanation]] = field(default_factory=dict)  # step -> method -> explanation
     contrast: dict[tuple[int, str, str], Explanation] = field(default_factory=dict)  # (step, a, b) -> explanation
 
@@ -71,26 +75,21 @@ def gated(gate: WorkGate | None, model, method: str, tokens: int, fn, *, targets
     return gate.run(gflop, fn, what)
 
 
-def greedy_continuation(model, tokenizer, text: str, method: str = "normxlogit", steps: int = DEFAULT_CONTINUATION,
-                        layer="all") -> tuple[list[tuple[str, Explanation]], str]:
-    """Greedy-continue ``text`` by ``steps`` tokens, explaining each token's prediction from its own prefix.
+def continuation(model, tokenizer, text: str, method: str, steps: int, layer="all",
+                 target: list[int] | None = None) -> Generation:
+    """Greedy-continue ``text`` by up to ``steps`` tokens (or take the continuation ``target``, token ids) and
+    explain every generated token (:func:`normx.explain_generation`: one forward pass for the head-on-top
+    methods, every step read from the ids the model produced)."""
+    return explain_generation(model, tokenizer, text, method=method, layer=layer, max_new_tokens=steps,
+                              target=target)
 
-    Returns ``([(prefix, explanation), ...], continuation)``: step k explains the k+1-th greedy token, predicted
-    after ``text`` plus the k tokens before it; ``continuation`` is the decoded text of all predicted tokens.
-    Each prediction is the model's own argmax (``explanation.prediction``), so the loop is greedy decoding with
-    one ``normx.explain`` call per token (one forward pass; gradient methods: their backward passes too). It
-    stops early after the end-of-sequence token.
-    """
-    runs, ids = [], []
-    prefix = text
-    for _ in range(max(1, int(steps))):
-        explanation = explain(model, tokenizer, prefix, method=method, layer=layer, truncation="error")
-        runs.append((prefix, explanation))
-        ids.append(tokenizer.convert_tokens_to_ids(explanation.prediction))
-        if ids[-1] == tokenizer.eos_token_id:
-            break
-        prefix = text + tokenizer.decode(ids)  # the whole continuation at once: multi-byte characters decode whole
-    return runs, tokenizer.decode(ids)
+
+def _gated_generation(gate, model, method: str, tokens: int, steps: int, fn):
+    """A generation through the work gate: one pass over prompt + continuation for the head-on-top methods, one
+    per step otherwise."""
+    if get_method(method).per_position:
+        return gated(gate, model, method, tokens + steps, fn)
+    return gated(gate, model, method, tokens, fn, steps=steps)
 
 
 def explain_request(cache, model_name: str, text: str, pair: str | None = None,
@@ -112,17 +111,18 @@ def explain_request(cache, model_name: str, text: str, pair: str | None = None,
         if pair is not None:
             raise errors.PairNotSupportedError("a causal LM continues one text: clear the second text box")
         steps = min(max(1, int(steps or 1)), MAX_CONTINUATION)
-        runs, continuation = gated(gate, model, method, tokens, lambda: greedy_continuation(
-            model, tokenizer, text, method, steps, layer), steps=steps)
+        generation = _gated_generation(gate, model, method, tokens, steps,
+                                       lambda: continuation(model, tokenizer, text, method, steps, layer))
+        explained = [generation.step(t) for t in range(generation.steps)]
+        return PageState(model_name, method, kind, pair, [e.text for e in explained], explained,
+                         generation.continuation, generation, compare={i: {method: e} for i, e in enumerate(explained)})
     else:
         target = None if kind is not HeadKind.SEQUENCE_CLASSIFICATION else "all"
         labels = 1 if target is None else max(1, int(getattr(unwrap_model(model).config, "num_labels", 1)))
         explanation = gated(gate, model, method, tokens, lambda: explain(
             model, tokenizer, text, method=method, target=target, layer=layer, text_pair=pair, truncation="error"),
             targets=labels)
-        runs, continuation = [(text, explanation)], None
-    return PageState(model_name, method, kind, pair, [p for p, _ in runs], [e for _, e in runs], continuation,
-                     compare={i: {method: e} for i, (_, e) in enumerate(runs)})
+    return PageState(model_name, method, kind, pair, [text], [explanation], compare={0: {method: explanation}})
 
 
 def ensure_contrast(state: PageState, cache, step: int, a: str | None, b: str | None,
@@ -137,6 +137,8 @@ def ensure_contrast(state: PageState, cache, step: int, a: str | None, b: str | 
     if not explanation.vocabulary:
         return None
     key = (step, a, b)
+    if key not in state.contrast and state.generation is not None:
+        state.contrast[key] = _generation_contrast(state, cache, step, a, b, gate)
     if key not in state.contrast:
         model, tokenizer = cache.get(state.model)
         prefix = state.prefixes[step]
@@ -145,6 +147,27 @@ def ensure_contrast(state: PageState, cache, step: int, a: str | None, b: str | 
                 model, tokenizer, prefix, method=state.method, target=[a, b], layer=get_method(state.method).all_layers,
                 truncation="error"), targets=2)
     return state.contrast[key]
+
+
+def _generation_contrast(state: PageState, cache, step: int, a: str, b: str, gate: WorkGate | None) -> Explanation:
+    """Generation step ``step`` explained for the vocabulary tokens ``a`` and ``b`` in its place, from the ids the
+    model produced before it (one generation per token, the step's prefix then that token)."""
+    from dataclasses import replace
+
+    import numpy as np
+
+    model, tokenizer = cache.get(state.model)
+    g = state.generation
+    p = g.prompt_length + step
+    explained = []
+    for token in (a, b):
+        token_id = tokenizer.convert_tokens_to_ids(token)
+        explained.append(_gated_generation(gate, model, state.method, p, 1, lambda token_id=token_id: continuation(
+            model, tokenizer, g.prompt, state.method, 1, get_method(state.method).all_layers,
+            target=[*g.token_ids[g.prompt_length:p], token_id])).step(-1))
+    first, second = explained
+    return replace(first, scores=np.concatenate([first.scores, second.scores]), labels=[a, b],
+                   probabilities={**first.probabilities, **second.probabilities})
 
 
 def compare_request(state: PageState, cache, methods: Sequence[str], step: int = 0,
@@ -167,9 +190,22 @@ def compare_request(state: PageState, cache, methods: Sequence[str], step: int =
             done[method] = explanation  # already computed: the main request's method
             continue
         try:
+            if state.generation is not None:  # every step of the continuation at once, from its ids
+                _compare_generation(state, model, tokenizer, method, gate)
+                continue
             done[method] = gated(gate, model, method, tokens, lambda method=method: explain(
                 model, tokenizer, prefix, method=method, target=target, layer=get_method(method).all_layers,
                 text_pair=pair, truncation="error"))
         except errors.NormxError as exc:
             failures.append(f"{method}: {exc}")
     return failures
+
+
+def _compare_generation(state: PageState, model, tokenizer, method: str, gate: WorkGate | None) -> None:
+    """Every step of the state's continuation explained with ``method`` (its ids taken as the target), kept."""
+    g = state.generation
+    other = _gated_generation(gate, model, method, g.prompt_length, g.steps, lambda: continuation(
+        model, tokenizer, g.prompt, method, g.steps, get_method(method).all_layers,
+        target=g.token_ids[g.prompt_length:]))
+    for t in range(other.steps):
+        state.compare.setdefault(t, {})[method] = other.step(t)

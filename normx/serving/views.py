@@ -174,10 +174,11 @@ def contrast_view(explanation: Explanation, a: str, b: str, layer: int | None, u
 
 
 def step_choices(state: PageState, tokenizer=None) -> list[tuple[str, int]]:
-    """Radio choices for a causal LM's steps: ``"1: ' Paris'"``, one per explained prediction."""
+    """Radio choices for a causal LM's steps: ``"1: ' Paris'"``, one per generated token."""
     out = []
     for i, explanation in enumerate(state.steps):
-        token = display_token(tokenizer, explanation.prediction) if tokenizer is not None else explanation.prediction
+        generated = explanation.labels[0]
+        token = display_token(tokenizer, generated) if tokenizer is not None else generated
         out.append((f"{i + 1}: {token}", i))
     return out
 
@@ -246,9 +247,12 @@ def page_view(state: PageState | None, tokenizer, layer: int | None, unit: str =
     explanation = state.steps[step]
     heading = prediction_text(explanation, tokenizer)
     if state.kind is HeadKind.CAUSAL_LM:
-        heading = (f"**Greedy continuation:** {markdown_text(state.prefixes[0])}"
-                   f"**{markdown_text(state.continuation)}**  \n"
-                   f"Step {step + 1} of {len(state.steps)}: {heading} after “{markdown_text(state.prefixes[step])}”")
+        prompt = state.generation.prompt if state.generation is not None else state.prefixes[0]
+        generated = state.steps[step].labels[0]
+        generated = display_token(tokenizer, generated) if tokenizer is not None else generated
+        heading = (f"**Greedy continuation:** {markdown_text(prompt)}**{markdown_text(state.continuation)}**  \n"
+                   f"Step {step + 1} of {len(state.steps)}: why “{markdown_text(generated)}” after "
+                   f"“{markdown_text(state.prefixes[step])}” — {heading}")
     contrast = None
     if not explanation.regression:
         contrast = ("contrast: pick two different labels", [])

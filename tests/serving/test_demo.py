@@ -17,6 +17,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:.*(no_silent_downcasting|copy ke
 
 import minilm  # noqa: E402
 import tiny  # noqa: E402
+import torch  # noqa: E402
 from demo_support import load_app, preset_ready, serve  # noqa: E402
 
 import normx  # noqa: E402
@@ -247,34 +248,45 @@ def test_regression(cache):
     assert out[3]["visible"] is False and state.steps[0].labels == ["score"]
 
 
-def test_causal_lm_continuation(cache, calls):
+def test_causal_lm_continuation(cache, calls, monkeypatch):
+    """The demo explains a causal LM's greedy continuation with normx.explain_generation: every step from the ids
+    the model produced, in one forward pass; each step is what normx.explain gives on that prefix."""
     model, tokenizer = cache.get("tiny-lm")
-    runs, continuation = session.greedy_continuation(model, tokenizer, "the film was", steps=3)
-    assert calls["n"] == 3 and len(runs) == 3
-    prompt = "the film was"
-    ids = []
-    for prefix, explanation in runs:
-        assert prefix == prompt + tokenizer.decode(ids) and explanation.text == prefix
-        assert explanation.layers == [0, 1, 2] and explanation.labels == [explanation.prediction]
-        logits = model(**tokenizer(prefix, return_tensors="pt")).logits[0, -1]
-        assert tokenizer.convert_ids_to_tokens(int(logits.argmax())) == explanation.prediction  # greedy
-        ids.append(tokenizer.convert_tokens_to_ids(explanation.prediction))
-    assert continuation == tokenizer.decode(ids)
+    generations = {"n": 0}
+    real = session.explain_generation
 
+    def counting(*args, **kwargs):
+        generations["n"] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(session, "explain_generation", counting)
     demo = app.Demo(cache)
-    calls["n"] = 0
     out = demo.explain("tiny-lm", "the film was", "", "normxlogit", 3, "subword", False, [])
     state, step = out[0], out[2]
-    assert calls["n"] == 3 + 1  # 3 greedy steps + the default contrast (top token vs the runner-up)
+    g = state.generation
+    # one generation explains every step; the default contrast (top token vs the runner-up) one per token
+    assert generations["n"] == 1 + 2 and calls["n"] == 0 and g.steps == 3 == len(state.steps)
+    ids = tokenizer("the film was", return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        want = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=3,
+                              do_sample=False, pad_token_id=tokenizer.pad_token_id)[0].tolist()
+    assert g.token_ids == want
+    for t, explanation in enumerate(state.steps):
+        p = g.prompt_length + t
+        assert explanation.layers == [0, 1, 2] and explanation.labels == [g.tokens[p]] == [explanation.prediction]
+        alone = normx.explain(model, tokenizer, tokenizer.decode(g.token_ids[:p], skip_special_tokens=True),
+                              layer="all", target=g.token_ids[p])
+        if alone.tokens == explanation.tokens:  # byte-level pieces may not decode and re-encode to the same ids
+            np.testing.assert_allclose(explanation.scores, alone.scores, rtol=1e-4, atol=1e-5)
     assert step["visible"] and [value for _, value in step["choices"]] == [0, 1, 2]
     assert "Greedy continuation" in values(out[5]) and out[6]["visible"]
     assert out[11]["visible"] and values(out[11])  # contrast of two vocabulary tokens
-    # picking a step re-renders from the state; only its default contrast is new
-    rendered = demo.on_step(state, 2, "subword", False, 2, [])
-    assert calls["n"] == 5 and "Step 3 of 3" in values(rendered[3])
-    assert texts_of(values(rendered[5])) == state.prefixes[2]
+    made = generations["n"]
+    rendered = demo.on_step(state, 2, "subword", False, 2, [])  # picking a step re-renders from the state
+    assert generations["n"] == made + 2 and "Step 3 of 3" in values(rendered[3])
+    assert state.prefixes[2].endswith(texts_of(values(rendered[5])))  # the prefix's text (<s> is not shown)
     demo.render(state, 0, "word", False, 2, None, None, [])
-    assert calls["n"] == 5
+    assert generations["n"] == made + 2 and calls["n"] == 0
 
 
 @pytest.mark.parametrize(("model", "text", "pair", "method", "message"), [
