@@ -550,3 +550,45 @@ def test_minilm_parity_and_reference():
     exp = normx.explain(model, tokenizer, TEXTS[0], text_pair=PAIRS[0], method="normxlogit", layer="all")
     ref = reference(model, tokenizer, MINILM, TEXTS[0], PAIRS[0])
     assert_scores(exp, expected(ref, "normxlogit", layers, [int(ref.logits.argmax())]))
+
+
+# ---- the registered families against discovery ---------------------------------------------------------------------
+
+DISCOVERY_FALLS_SHORT = {  # what the registered adapter adds that the conventions do not give
+    "DebertaV2ForSequenceClassification": "blocks",  # a convolution replaces layer 0's output (conv_kernel_size)
+    "DistilBertForSequenceClassification": "head",  # a functional ReLU between pre_classifier and classifier
+    "DistilBertForMaskedLM": "head",
+    # the non-legacy head takes the word embeddings as an argument; the convolution as above
+    "DebertaV2ForMaskedLM": "(head|final norm|blocks)",
+}
+
+
+@pytest.mark.parametrize("case", CASES, ids=ids(CASES))
+def test_a_registered_family_is_its_discovered_adapter_plus_overrides(case):
+    """Discovery alone reads every registered family but the ones named above as the registered adapter does
+    (the same NormXLogit at every layer): the registered adapters are the discovered ones plus what discovery
+    cannot give (DecompX's block layouts and head steps, heads that compute only the needed vocabulary columns)."""
+    from normx.core import verify
+    from normx.models import registry
+    from normx.models.discovery import discover
+
+    model, tokenizer = build(case.id)
+    registered = get_adapter(model)
+    found = discover(unwrap_model(model))
+    assert (found.kind, found.pooling, found.num_layers(model)) == (registered.kind, registered.pooling, LAYERS)
+    short = DISCOVERY_FALLS_SHORT.get(case.cls)
+    if short is not None:
+        with pytest.raises(normx.UnsupportedModelError, match=f"at the {short}"):
+            verify.verify(model, found)
+        return
+    verify.verify(model, found)
+    text = tiny.texts_for(case, tokenizer)[0]
+    want = normx.explain(model, tokenizer, text, layer="all")
+    saved = registry._REGISTRY.pop(case.cls)
+    try:
+        fresh, _ = build(case.id, fresh=True)  # an identical new model: its adapter discovered and verified anew
+        got = normx.explain(fresh, tokenizer, text, layer="all")
+        assert got.family == found.family == f"{fresh.config.model_type} (discovered)"
+    finally:
+        registry._REGISTRY[case.cls] = saved
+    np.testing.assert_allclose(got.scores, want.scores, rtol=1e-5, atol=1e-5 * np.abs(want.scores).max())

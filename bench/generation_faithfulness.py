@@ -1,0 +1,60 @@
+"""Faithfulness for generation on a fixed prompt set with the offline SmolLM2 (docs/generation.md):
+
+- 16 SST-2 dev reviews (the first with 8 to 25 words, in file order), each as
+  ``"Review: {sentence}\\nIs this review positive or negative? Answer:"``;
+- the BLiMP prefixes (``one_prefix_prefix``: the sentence up to the word that decides its grammaticality), the
+  first two of each shared BLiMP file that has them, in file-name order (12 from the 6 files that have them).
+
+Greedy generation of 6 tokens after each prompt; every step explained by NormXLogit, Gradient×Input, Integrated
+Gradients (16 steps) and random; per step the top-K % of the tokens before the generated one deleted (and only them
+kept), the drop in the generated token's probability, AOPC over K = 10 ... 90 %
+(:func:`normx.evaluation.generation.generation_faithfulness`).
+
+    python bench/generation_faithfulness.py [DATA_DIR]   # default ../shared/data; writes docs/results/generation/
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+import time
+from pathlib import Path
+
+import normx
+from normx.evaluation.generation import generation_faithfulness
+
+ROOT = Path(__file__).resolve().parents[1]
+INSTRUCTION = "Review: {sentence}\nIs this review positive or negative? Answer:"
+
+
+def prompts(data: Path) -> list[str]:
+    with open(data / "sst2" / "dev.tsv", newline="", encoding="utf-8") as f:
+        reviews = [row["sentence"].strip() for row in csv.DictReader(f, delimiter="\t")]
+    chosen = [INSTRUCTION.format(sentence=s) for s in reviews if 8 <= len(s.split()) <= 25][:16]
+    blimp = []
+    for file in sorted((data / "blimp").glob("*.jsonl")):
+        rows = [json.loads(line) for line in file.read_text(encoding="utf-8").splitlines() if line.strip()]
+        blimp += [r["one_prefix_prefix"] for r in rows if r.get("one_prefix_method") and r.get("one_prefix_prefix")][:2]
+    return chosen + blimp[:16]
+
+
+def main() -> int:
+    data = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT.parent / "shared" / "data"
+    model, tokenizer = normx.load_model("smollm2")
+    chosen = prompts(data)
+    started = time.time()
+    report = generation_faithfulness(model, tokenizer, chosen, max_new_tokens=6,
+                                     method_options={"integrated_gradients": {"n_steps": 16}})
+    seconds = round(time.time() - started)
+    out = ROOT / "docs" / "results" / "generation"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(json.dumps({**report.to_dict(), "seconds": seconds, "prompts_used": chosen},
+                                                indent=1) + "\n")
+    print(report.table())
+    print(f"\n{report.prompts} prompts, {report.steps} steps, {seconds} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
