@@ -143,3 +143,30 @@ def test_bad_input_is_refused_with_what_is_allowed(llama):
         normx.explain_generation(classifier, ctok, PROMPTS[0])
     empty = normx.explain_generation(model, tok, PROMPTS[0], max_new_tokens=0)
     assert empty.steps == 0 and empty.continuation == "" and empty.to_dict()["scores"] == []
+
+
+@pytest.mark.slow
+def test_smollm2_chat_rows_are_its_own_logits_times_the_input_norms():
+    """The offline SmolLM2 with its chat template: every row is ||x^0|| x the model's own logits on the ids it
+    produced (greedy), and a step equals normx.explain on its prefix where the prefix's text encodes to the same
+    ids."""
+    try:
+        model, tok = normx.load_model("smollm2")
+    except normx.ModelLoadError as exc:
+        pytest.skip(f"the smollm2 preset does not load here: {exc}")
+    g = normx.explain_generation(model, tok, "Name a colour.", chat=True, max_new_tokens=8)
+    assert g.tokens[:g.prompt_length][-3:] == tok.convert_ids_to_tokens(
+        tok(tok.apply_chat_template([{"role": "user", "content": "Name a colour."}], tokenize=False,
+                                    add_generation_prompt=True), add_special_tokens=False)["input_ids"])[-3:]
+    check_against_own_outputs(model, g)
+    assert g.predictions == g.token_ids[g.prompt_length:]
+    compared = 0
+    for t in range(g.steps):
+        p = g.prompt_length + t
+        prefix = tok.decode(g.token_ids[:p])
+        if tok(prefix)["input_ids"] != g.token_ids[:p]:
+            continue
+        want = normx.explain(model, tok, prefix, target=g.token_ids[p])
+        np.testing.assert_allclose(g.step(t).scores, want.scores, rtol=1e-4, atol=1e-4 * np.abs(want.scores).max())
+        compared += 1
+    assert compared >= 1
