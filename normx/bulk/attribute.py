@@ -8,9 +8,14 @@ done: a run killed midway and started again into the same folder redoes only the
 run adds nothing.
 
 Under ``torchrun`` or ``accelerate launch`` (``WORLD_SIZE`` > 1) each process takes the shards ``k`` with
-``k % world_size == rank`` and writes them; the files are the same as one process writes. ``manifest.json``
+``k % world_size == rank`` and writes them; the files are the same as one process writes. ``_manifest.json``
 records the model, method and settings, row and shard counts and the normx version; a run into a folder made
-with other settings is refused.
+with other settings is refused. Its name starts with ``_``, which Parquet readers skip, so that
+``pandas.read_parquet(out)`` and ``pyarrow.dataset.dataset(out)`` read the shards alone.
+
+A row that cannot be explained (an empty or invisible-only text, a missing pair, bytes that are not UTF-8, a
+malformed line) does not stop the run: it is written with its reason in ``error`` (``file:line`` for what could not
+be read) and empty tokens and scores, and counted in the run's summary and the manifest.
 """
 
 from __future__ import annotations
@@ -24,13 +29,14 @@ from pathlib import Path
 
 from normx._version import __version__
 from normx.core.concurrency import tokenizer_lock
-from normx.core.inputs import positive_int
+from normx.core.inputs import check_text, positive_int
 from normx.data.rows import Row, _pyarrow_parquet, iter_rows
-from normx.errors import InvalidInputError
+from normx.errors import InvalidInputError, NormxError
 from normx.explanations.explain import explain
 from normx.models import unwrap_model
 
-MANIFEST = "manifest.json"
+MANIFEST = "_manifest.json"  # "_": Parquet readers skip it when they read the folder
+OLD_MANIFEST = "manifest.json"  # folders written before normx named it so are still resumed
 # padded tokens per forward pass by default; measured on MiniLM, 2 CPU cores (README "Large datasets"): 1024-2048
 # is fastest there, 8192 no faster than fixed batches of 32
 CPU_TOKENS, ACCELERATOR_TOKENS = 2048, 16384
@@ -50,12 +56,15 @@ class AttributionRun:
     rank: int = 0
     world_size: int = 1
     rows_explained: int = 0
+    errors: int = 0  # rows this process wrote with an error instead of scores
 
     def summary(self) -> str:
         rate = f"{self.rows_explained / self.seconds:.1f} texts/s, {self.tokens / self.seconds:.0f} tokens/s" \
             if self.seconds > 0 and self.written else "nothing to do"
+        failed = f"; {self.errors} rows could not be explained (their reason is in the error column)" \
+            if self.errors else ""
         return (f"normx attribute: {self.rows} rows in {self.shards} shards; this process (rank {self.rank} of "
-                f"{self.world_size}) wrote {len(self.written)}, found {len(self.skipped)} done; {rate}")
+                f"{self.world_size}) wrote {len(self.written)}, found {len(self.skipped)} done; {rate}{failed}")
 
 
 def attribute_dataset(model, tokenizer, source, out, *, method: str = "normxlogit", target=None, layer=None,
@@ -84,7 +93,7 @@ def attribute_dataset(model, tokenizer, source, out, *, method: str = "normxlogi
                 "limit": limit, "shard_size": shard_size}
     created = _join_processes(model)
     try:
-        rows = _shards(iter_rows(source, text_column, pair_column, limit), shard_size)
+        rows = _shards(iter_rows(source, text_column, pair_column, limit, errors="record"), shard_size)
         return _run(model, tokenizer, rows, folder, job, settings, parquet, progress)
     finally:
         if created:
@@ -124,6 +133,7 @@ def _run(model, tokenizer, shards: Iterator[list[Row]], folder: Path, job: _Job,
             continue
         records, tokens = _explain_shard(model, tokenizer, rows, job)
         _write_atomically(parquet, records, file)
+        run.errors += sum(record["error"] is not None for record in records)
         run.written.append(index)
         run.tokens += tokens
         run.rows_explained += len(rows)
@@ -177,17 +187,50 @@ def _lengths(tokenizer, rows: list[Row]) -> list[int]:
         return [len(ids) for ids in tokenizer(texts, pairs, truncation=False)["input_ids"]]
 
 
+def _problem(row: Row) -> str | None:
+    """Why ``row`` cannot be explained (as read, or its texts), or None."""
+    if row.error is not None:
+        return row.error
+    try:
+        check_text(row.text, f"row {row.id}'s text")
+        if row.text_pair is not None:
+            check_text(row.text_pair, f"row {row.id}'s second text")
+    except NormxError as exc:
+        return str(exc)
+    return None
+
+
 def _explain_shard(model, tokenizer, rows: list[Row], job: _Job) -> tuple[list[dict], int]:
-    lengths = _lengths(tokenizer, rows)
     records: list[dict | None] = [None] * len(rows)
+    good = []
+    for i, row in enumerate(rows):
+        problem = _problem(row)
+        if problem is None:
+            good.append(i)
+        else:
+            records[i] = _failed(row, problem)
+    lengths = _lengths(tokenizer, [rows[i] for i in good]) if good else []
     for batch in batches(lengths, job.max_tokens, job.batch_size):
-        texts = [rows[i].text for i in batch]
-        pairs = [rows[i].text_pair for i in batch] if rows[0].text_pair is not None else None
-        results = explain(model, tokenizer, texts, job.method, job.target, job.layer, text_pair=pairs,
-                          batch_size=len(batch), **job.options)
-        for i, explanation in zip(batch, results):
-            records[i] = _record(rows[i], explanation)
-    return records, sum(lengths)
+        chosen = [good[j] for j in batch]
+        try:
+            results = _explain_rows(model, tokenizer, [rows[i] for i in chosen], job)
+        except NormxError:  # a row the checks above let through: each row alone, so that only it fails
+            results = []
+            for i in chosen:
+                try:
+                    results += _explain_rows(model, tokenizer, [rows[i]], job)
+                except NormxError as exc:
+                    results.append(exc)
+        for i, explanation in zip(chosen, results):
+            records[i] = _failed(rows[i], str(explanation)) if isinstance(explanation, Exception) \
+                else _record(rows[i], explanation)
+    return _uniform(records), sum(lengths)
+
+
+def _explain_rows(model, tokenizer, rows: list[Row], job: _Job) -> list:
+    pairs = [r.text_pair for r in rows] if rows[0].text_pair is not None else None
+    return explain(model, tokenizer, [r.text for r in rows], job.method, job.target, job.layer, text_pair=pairs,
+                   batch_size=len(rows), **job.options)
 
 
 def _record(row: Row, e) -> dict:
@@ -196,12 +239,28 @@ def _record(row: Row, e) -> dict:
               "offsets": main["offsets"], "scores": main["scores"], "label": main["label"],
               "prediction": e.prediction, "probabilities": [
                   {"label": str(k), "probability": float(v)} for k, v in e.probabilities.items()],
-              "warnings": list(e.warnings)}
+              "warnings": list(e.warnings), "error": None}
     if len(e.labels) > 1 or len(e.layers) > 1:  # every label and layer asked for
         record["labels"] = list(e.labels)
         record["layers"] = list(e.layers)
         record["scores_by_label_layer"] = e.scores.tolist()
     return record
+
+
+def _failed(row: Row, reason: str) -> dict:
+    """The record of a row that could not be explained: its texts and the reason, nothing else."""
+    return {"id": row.id, "text": row.text, "text_pair": row.text_pair, "tokens": [], "offsets": [], "scores": [],
+            "label": None, "prediction": None, "probabilities": [], "warnings": [], "error": reason}
+
+
+def _uniform(records: list[dict]) -> list[dict]:
+    """Every record with the same fields (Parquet takes its columns from the first record): the multi-label /
+    layer fields empty where a record has none."""
+    if any("labels" in r for r in records):
+        for r in records:
+            for key in ("labels", "layers", "scores_by_label_layer"):
+                r.setdefault(key, [])
+    return records
 
 
 def _write_atomically(parquet, records: list[dict], file: Path) -> None:
@@ -250,6 +309,10 @@ def _model_name(model) -> str:
 
 def _check_manifest(folder: Path, settings: dict, rank: int) -> None:
     file = folder / MANIFEST
+    old = folder / OLD_MANIFEST
+    if old.exists() and not file.exists() and rank == 0:  # a folder from before the rename: resumed as it is
+        os.replace(old, file)
+    _barrier()
     if file.exists():
         stored = json.loads(file.read_text())["settings"]
         changed = sorted(k for k in settings if stored.get(k) != json.loads(json.dumps(settings[k], default=str)))
@@ -268,8 +331,18 @@ def _finish(folder: Path, settings: dict, run: AttributionRun, parquet) -> None:
     rows = {f.name: parquet.ParquetFile(f).metadata.num_rows for f in files}
     _write_manifest(folder / MANIFEST, {
         "settings": settings, "complete": len(files) == run.shards and sum(rows.values()) == run.rows,
-        "rows": run.rows, "shards": run.shards, "rows_per_shard": rows, "normx": __version__,
+        "rows": run.rows, "shards": run.shards, "rows_per_shard": rows, "errors": _errors(parquet, files),
+        "normx": __version__,
         "world_size": run.world_size, "written": time.strftime("%Y-%m-%dT%H:%M:%S")})
+
+
+def _errors(parquet, files: list[Path]) -> int:
+    """Rows written with an error, over every shard of the folder (whichever process wrote them)."""
+    count = 0
+    for file in files:
+        if "error" in parquet.ParquetFile(file).schema_arrow.names:
+            count += parquet.read_table(file, columns=["error"]).column("error").drop_null().length()
+    return count
 
 
 def _write_manifest(file: Path, data: dict) -> None:

@@ -54,7 +54,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     at.add_argument("--model", required=True, help="a preset, a model folder, a PEFT adapter folder or a hub id")
     at.add_argument("--data", required=True, help="a TSV / CSV / JSONL / Parquet file, or a hub dataset id "
                     "NAME[:CONFIG][@SPLIT] (online)")
-    at.add_argument("--out", required=True, help="output folder: shard-*.parquet and manifest.json")
+    at.add_argument("--out", required=True, help="output folder: shard-*.parquet and _manifest.json")
     at.add_argument("--text-column", default=None, help="default: text, sentence, sentence1, premise or question")
     at.add_argument("--pair-column", default=None, help="default: the usual partner of the text column, if present; "
                     "'' for none")

@@ -78,7 +78,7 @@ def test_every_row_equals_explain_on_it(model, tmp_path):
         np.testing.assert_allclose(row["scores"], e.score, rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(row["scores_by_label_layer"], e.scores, rtol=1e-5, atol=1e-5)
         assert row["layers"] == e.layers and [p["label"] for p in row["probabilities"]] == list(e.probabilities)
-    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    manifest = json.loads((tmp_path / "out" / "_manifest.json").read_text())
     assert manifest["complete"] and manifest["rows"] == len(texts) and manifest["shards"] == 4
     assert manifest["settings"]["method"] == "normxlogit" and manifest["normx"] == normx.__version__
 
@@ -154,7 +154,7 @@ def test_torchrun_two_processes_write_what_one_writes(tmp_path):
     for a, b in zip(single, double):
         assert a["tokens"] == b["tokens"] and a["prediction"] == b["prediction"]
         np.testing.assert_allclose(a["scores"], b["scores"], rtol=1e-6, atol=1e-6)
-    manifest = json.loads((tmp_path / "two" / "manifest.json").read_text())
+    manifest = json.loads((tmp_path / "two" / "_manifest.json").read_text())
     assert manifest["complete"] and manifest["world_size"] == 2 and manifest["rows"] == 30
 
 
@@ -254,3 +254,66 @@ def test_hub_dataset_ids_stream_through_datasets(monkeypatch):
     assert [(r.id, r.text, r.text_pair) for r in rows] == [(0, "Who?", "He did.")]
     list(iter_rows("someone/corpus"))
     assert calls[-1] == ("someone/corpus", None, "train", True)
+
+
+# ---- bad rows do not stop a run; the folder reads as a Parquet dataset --------------------------------------------
+
+def test_bad_rows_are_written_with_their_reason_and_the_run_goes_on(model, tmp_path):
+    data = tmp_path / "data.jsonl"
+    lines = [json.dumps({"text": "a gripping film"}).encode(), json.dumps({"text": ""}).encode(),
+             b'{"text": "caf\xe9 au lait"}', b"{not json", json.dumps({"text": "\u200b \u200b"}).encode(),
+             json.dumps({"other": "no text"}).encode(), json.dumps({"text": "a dull plot"}).encode()]
+    data.write_bytes(b"\n".join(lines) + b"\n")
+    run = normx.attribute_dataset(*model, data, tmp_path / "out", shard_size=4, progress=False)
+    rows = read(tmp_path / "out")
+    assert [r["id"] for r in rows] == list(range(7)) and run.errors == 5 and "5 rows could not be explained" in \
+        run.summary()
+    good = {0: "a gripping film", 6: "a dull plot"}
+    for row in rows:
+        if row["id"] in good:
+            assert row["error"] is None and row["tokens"] == normx.explain(*model, good[row["id"]]).tokens
+        else:
+            assert row["error"] and row["tokens"] == [] and row["scores"] == [] and row["prediction"] is None
+    errors = {r["id"]: r["error"] for r in rows}
+    assert "empty" in errors[1] and "row 1" in errors[1]
+    assert errors[2] == f"{data}:3: not UTF-8 text (the byte 0xe9 at character 14)"
+    assert errors[3].startswith(f"{data}:4: not valid JSON")
+    assert "empty" in errors[4] and errors[5] == f"{data}:6: no text in column 'text'"
+    assert json.loads((tmp_path / "out" / "_manifest.json").read_text())["errors"] == 5
+
+
+def test_a_tsv_with_undecodable_bytes_names_the_line(model, tmp_path):
+    data = tmp_path / "data.tsv"
+    data.write_bytes(b"sentence\tlabel\na fine film\t1\nbad \xff byte\t0\n")
+    with pytest.raises(InvalidInputError, match=r"data.tsv:3: not UTF-8 text \(the byte 0xff at character 5\)"):
+        list(normx.data.rows.iter_rows(data))
+    normx.attribute_dataset(*model, data, tmp_path / "out", progress=False)
+    assert [r["error"] for r in read(tmp_path / "out")] == [None, f"{data}:3: not UTF-8 text (the byte 0xff at "
+                                                                   "character 5)"]
+
+
+def test_the_folder_reads_as_a_parquet_dataset(model, tmp_path):
+    """README: pandas.read_parquet(DIR), pyarrow.dataset and datasets.load_dataset("parquet", ...) read the shards
+    (the manifest's leading underscore keeps it out of their way)."""
+    import pandas as pd
+    import pyarrow.dataset as ds
+
+    texts = corpus(9)
+    normx.attribute_dataset(*model, write_tsv(tmp_path / "data.tsv", texts), tmp_path / "out", shard_size=4,
+                            progress=False)
+    folder = tmp_path / "out"
+    frame = pd.read_parquet(folder)
+    assert sorted(frame["id"]) == list(range(9)) and list(frame.sort_values("id")["text"]) == texts
+    assert ds.dataset(folder).count_rows() == 9
+    datasets = pytest.importorskip("datasets", reason="pip install 'normx[hub]'")
+    loaded = datasets.load_dataset("parquet", data_files=f"{folder}/shard-*.parquet", split="train")
+    assert sorted(loaded["id"]) == list(range(9))
+
+
+def test_a_folder_with_the_old_manifest_name_is_resumed(model, tmp_path):
+    data = write_tsv(tmp_path / "data.tsv", corpus(6))
+    folder = tmp_path / "out"
+    normx.attribute_dataset(*model, data, folder, shard_size=4, progress=False)
+    (folder / "_manifest.json").rename(folder / "manifest.json")
+    run = normx.attribute_dataset(*model, data, folder, shard_size=4, progress=False)
+    assert run.skipped == [0, 1] and (folder / "_manifest.json").exists() and not (folder / "manifest.json").exists()
