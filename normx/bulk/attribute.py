@@ -239,7 +239,9 @@ def _record(row: Row, e) -> dict:
               "offsets": main["offsets"], "scores": main["scores"], "label": main["label"],
               "prediction": e.prediction, "probabilities": [
                   {"label": str(k), "probability": float(v)} for k, v in e.probabilities.items()],
-              "warnings": list(e.warnings), "error": None}
+              "warnings": list(e.warnings), "error": None, "segments": list(e.segments),
+              "special": list(e.special), "pooled": e.pooled, "layer": main["layer"], "method": e.method,
+              "kind": e.kind, "family": e.family, "regression": e.regression}
     if len(e.labels) > 1 or len(e.layers) > 1:  # every label and layer asked for
         record["labels"] = list(e.labels)
         record["layers"] = list(e.layers)
@@ -250,7 +252,9 @@ def _record(row: Row, e) -> dict:
 def _failed(row: Row, reason: str) -> dict:
     """The record of a row that could not be explained: its texts and the reason, nothing else."""
     return {"id": row.id, "text": row.text, "text_pair": row.text_pair, "tokens": [], "offsets": [], "scores": [],
-            "label": None, "prediction": None, "probabilities": [], "warnings": [], "error": reason}
+            "label": None, "prediction": None, "probabilities": [], "warnings": [], "error": reason, "segments": [],
+            "special": [], "pooled": None, "layer": None, "method": None, "kind": None, "family": None,
+            "regression": None}
 
 
 def _uniform(records: list[dict]) -> list[dict]:

@@ -8,7 +8,7 @@ import os
 import sys
 import warnings
 
-from normx.cli.options import layer_spec
+from normx.cli.options import layer_spec, write_text
 from normx.cli.options import texts as read_texts
 from normx.errors import InvalidInputError, NormxError
 
@@ -47,6 +47,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         add_method_flags(ex)
     ex.add_argument("--gguf-file", default=None, help="load a GGUF checkpoint file inside the model folder")
     ex.add_argument("--json", action="store_true", help="print one JSON object with a `results` list")
+    ex.add_argument("--html", default=None, metavar="FILE", help="also write the explanations as one self-contained "
+                    "HTML page")
     ex.add_argument("--no-color", action="store_true", help="plain table without ANSI colours")
 
     at = sub.add_parser("attribute", help="explain every row of a corpus into Parquet shards (streamed, resumable; "
@@ -98,6 +100,13 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     from normx.cli import generate
 
     generate.add_parser(sub, heavy("generate"))
+    show = sub.add_parser("show", help="one HTML report of a folder written by `normx attribute`: the corpus "
+                                       "summary and every example, sortable and paged")
+    show.add_argument("folder", metavar="DIR")
+    show.add_argument("--out", default=None, help="the report's folder (default DIR/_report)")
+    show.add_argument("--top", type=int, default=20, help="units per label in the summary tables (default 20)")
+    show.add_argument("--min-count", type=int, default=5,
+                      help="occurrences a unit needs to be ranked by its mean (default 5)")
     sub.add_parser("demo", add_help=False,
                    help="serve the Gradio demo (demo/app.py; `normx demo --help` for its options)")
     return parser
@@ -147,6 +156,8 @@ def _run(args) -> int:
         from normx.cli.generate import run
 
         return run(args)
+    if args.command == "show":
+        return _show(args)
 
     # everything that can be checked without the model is checked before it loads
     get_method(args.method)
@@ -168,6 +179,7 @@ def _run(args) -> int:
                             embedding=args.embedding, truncation=args.truncation, **options)
     if args.words or args.word_aggregation:
         results = [r.words(args.word_aggregation or "sum") for r in results]
+    _write_html(args, results)
     if args.json:
         print(json.dumps({"model": args.model, "results": [r.to_dict() for r in results]}, ensure_ascii=False))
         return 0
@@ -201,6 +213,23 @@ def _attribute(args) -> int:
     if run.rank == 0:
         print(run.summary(), file=sys.stderr)
     return 0
+
+
+def _show(args) -> int:
+    from normx.bulk.report import write_report
+
+    if args.top < 1 or args.min_count < 1:
+        raise InvalidInputError("--top and --min-count must be at least 1")
+    print(write_report(args.folder, args.out, args.top, args.min_count))
+    return 0
+
+
+def _write_html(args, results) -> None:
+    """``--html FILE``: the explanations as one self-contained page."""
+    if args.html:
+        from normx.explanations.html import explanations_html, page
+
+        write_text(args.html, page(explanations_html(results), f"normx: {args.model}"))
 
 
 def _supported(args) -> int:

@@ -58,3 +58,14 @@ def texts(values: list[str]) -> list[str]:
     if not read:
         raise InvalidInputError("`-` reads the texts from standard input, one per line, but it had none")
     return read
+
+
+def write_text(path: str, text: str) -> Path:
+    """Write ``text`` to the file ``path`` (UTF-8), its folder created; a clear error if it cannot be."""
+    file = Path(path).expanduser()
+    try:
+        file.parent.mkdir(parents=True, exist_ok=True)
+        file.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise InvalidInputError(f"cannot write {path!r} ({exc.strerror or exc})") from None
+    return file

@@ -7,11 +7,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from normx.explanations.result import Explanation
 
-
-def scale_of(view: Explanation, rows: Sequence[np.ndarray]) -> float:
-    """The largest finite |score| among the view's non-special units over ``rows`` (0 if none)."""
+def scale_of(view, rows: Sequence[np.ndarray]) -> float:
+    """The largest finite |score| among the view's non-special units over ``rows`` (0 if none); ``view``: an
+    :class:`~normx.explanations.result.Explanation` (or anything with its ``tokens`` and ``special``)."""
     keep = [i for i, special in enumerate(view.special) if not special] or list(range(len(view.tokens)))
     values = [np.abs(np.asarray(row, dtype=np.float64)[keep]) for row in rows if len(keep)]
     values = [v[np.isfinite(v)] for v in values]

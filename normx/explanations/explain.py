@@ -15,7 +15,7 @@ from normx.core.handle import ModelHandle, model_handle
 from normx.core.inputs import Encoded, batches, encode, positive_int, resolve_max_length, text_inputs
 from normx.core.labels import LabelSpace
 from normx.errors import InvalidInputError, LayerOutOfRangeError, PairNotSupportedError, PairRequiredError
-from normx.explanations.result import Explanation
+from normx.explanations.result import Explanation, Explanations
 from normx.methods import Context, Method, get_method
 from normx.models import Adapter, HeadKind
 
@@ -92,7 +92,7 @@ def explain(model, tokenizer, texts: str | Sequence[str], method: str = "normxlo
             results.append(_explanation(item, scores[row][:, :, keep], columns[row], logits[row], plan, settings,
                                         int(pooled[row] - keep[0]),
                                         {name: value[row].tolist() for name, value in diagnostics.items()}))
-    return results[0] if single else results
+    return results[0] if single else Explanations(results)
 
 
 # ---- the attribution computation on an encoded batch ------------------------------------------------------------

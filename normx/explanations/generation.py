@@ -20,7 +20,7 @@ from normx.core.concurrency import tokenizer_lock
 from normx.core.inputs import Encoded, batches, max_input_length, positive_int
 from normx.errors import EmptyTextError, InputTooLongError, InvalidInputError, UnsupportedModelError
 from normx.explanations.explain import Plan, attribute_batch, model_settings, prepare
-from normx.explanations.generation_result import Generation
+from normx.explanations.generation_result import Generation, Generations
 from normx.models import HeadKind
 
 
@@ -82,7 +82,7 @@ def explain_generation(model, tokenizer, prompts: str | Sequence[str], method: s
                       settings=settings, family=plan.adapter.family, alternatives=a)
            for (prompt, _, _), item, length, s, p, q, a in zip(sequences, items, lengths, scores, probabilities,
                                                              predictions, shown)]
-    return out[0] if single else out
+    return out[0] if single else Generations(out)
 
 
 # ---- inputs --------------------------------------------------------------------------------------------------------

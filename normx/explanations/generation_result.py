@@ -118,6 +118,17 @@ class Generation:
         token_id = self.predictions[t]
         return next((token for tid, token in zip(self.token_ids, self.tokens) if tid == token_id), f"<id {token_id}>")
 
+    # ---- display -------------------------------------------------------------------------------------------------
+    def to_html(self) -> str:
+        """Self-contained HTML: the prompt and continuation, and a matrix of generated tokens x the tokens before
+        them (:func:`normx.explanations.html.generation_html`)."""
+        from normx.explanations.html import generation_html
+
+        return generation_html(self)
+
+    def _repr_html_(self) -> str:  # Jupyter
+        return self.to_html()
+
     # ---- export ----------------------------------------------------------------------------------------------------
     def to_dict(self) -> dict:
         """Plain JSON data: ``scores`` has one row per generated token (the row of the token at index ``p`` has
@@ -152,3 +163,16 @@ class Generation:
             predictions=[int(i) for i in data["predictions"]], layers=layers, method=data["method"],
             settings=dict(data.get("settings", {})), family=data.get("family", ""),
             warnings=list(data.get("warnings", [])), alternatives=[dict(a) for a in data.get("alternatives", [])])
+
+
+class Generations(list):
+    """What :func:`normx.explain_generation` returns for a list of prompts: a plain list of :class:`Generation`,
+    shown in notebooks as their HTML views one after the other."""
+
+    def to_html(self) -> str:
+        from normx.explanations.html import generation_html
+
+        return "".join(generation_html(g) for g in self)
+
+    def _repr_html_(self) -> str:
+        return self.to_html()

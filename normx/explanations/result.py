@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 
@@ -12,7 +12,7 @@ from normx.explanations.words import AGGREGATIONS, aggregate, word_units
 from normx.models import HeadKind
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Explanation:
     """Attribution scores for one input.
 
@@ -118,6 +118,61 @@ class Explanation:
             pooled=keep.index(self.pooled) if self.pooled in keep else None,
         )
 
+    def __eq__(self, other) -> bool:
+        """Equal fields; scores equal as float32 arrays (NaN equal to NaN); settings and diagnostics as plain JSON
+        data (what :meth:`to_dict` keeps of them)."""
+        if not isinstance(other, Explanation):
+            return NotImplemented
+        for f in fields(self):
+            a, b = getattr(self, f.name), getattr(other, f.name)
+            if f.name == "scores":
+                if a.shape != b.shape or not np.array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32),
+                                                            equal_nan=True):
+                    return False
+            elif f.name in ("settings", "diagnostics"):
+                if _plain(a) != _plain(b):
+                    return False
+            elif f.name == "offsets":
+                if [tuple(o) for o in a] != [tuple(o) for o in b]:
+                    return False
+            elif a != b:
+                return False
+        return True
+
+    __hash__ = None
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Explanation:
+        """The :class:`Explanation` that :meth:`to_dict` wrote (equal to it: ``Explanation.from_dict(e.to_dict())
+        == e``); every label's and layer's scores come from ``scores_by_label``."""
+        labels, layers = list(data["labels"]), [int(layer) for layer in data["layers"]]
+        scores = np.array([[[np.nan if v is None else v for v in data["scores_by_label"][label][str(layer)]]
+                            for layer in layers] for label in labels], dtype=np.float32)
+        scores = scores.reshape(len(labels), len(layers), len(data["tokens"]))
+        prediction = data["prediction"]
+        return cls(
+            text=data["text"], text_pair=data.get("text_pair"), tokens=list(data["tokens"]),
+            offsets=[tuple(o) for o in data["offsets"]], segments=list(data["segments"]),
+            special=[bool(s) for s in data["special"]], scores=scores, labels=labels, layers=layers,
+            prediction=float(prediction) if data.get("regression") else prediction,
+            probabilities={k: float(v) for k, v in data.get("probabilities", {}).items()}, method=data["method"],
+            settings=dict(data.get("settings", {})), warnings=list(data.get("warnings", [])),
+            unit=data.get("unit", "token"), groups=[list(g) for g in data.get("groups", [])],
+            diagnostics=dict(data.get("diagnostics", {})), kind=data.get("kind", "sequence_classification"),
+            regression=bool(data.get("regression", False)), family=data.get("family", ""), pooled=data.get("pooled"))
+
+    # ---- display -------------------------------------------------------------------------------------------------
+    def to_html(self, layer: int | None = None, words: bool = True) -> str:
+        """Self-contained HTML (inline styles, no script): a highlighted view per label at ``layer`` (default: the
+        last computed), the contrast of the first two labels, the word view and every layer (collapsed), a legend
+        with the scale; see :mod:`normx.explanations.html`."""
+        from normx.explanations.html import explanation_html
+
+        return explanation_html(self, layer, words)
+
+    def _repr_html_(self) -> str:  # Jupyter
+        return self.to_html()
+
     # ---- export ----------------------------------------------------------------------------------------------------
     def to_dict(self) -> dict:
         """Plain JSON-serialisable data. ``scores`` is the main view (first label, last layer)."""
@@ -169,3 +224,15 @@ def _plain(value):
         return value.item()
     return str(value)
 
+
+class Explanations(list):
+    """What :func:`normx.explain` returns for a list of texts: a plain list of :class:`Explanation`, shown in
+    notebooks as their HTML views one after the other."""
+
+    def to_html(self) -> str:
+        from normx.explanations.html import explanations_html
+
+        return explanations_html(self)
+
+    def _repr_html_(self) -> str:
+        return self.to_html()

@@ -1,0 +1,70 @@
+"""HTML views (notebooks and files) and round trips: Explanation.from_dict(e.to_dict()) == e for every head and
+method kind; the views carry every unit with the demo's colour rule; a generation's view holds its matrix."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+import tiny
+
+import normx
+from normx import Explanation
+from normx.explanations.html import NEGATIVE, POSITIVE, colour
+
+CASES = ["BertForSequenceClassification", "BertForMaskedLM", "LlamaForCausalLM", "GPT2ForSequenceClassification"]
+
+
+def explained(case: str, **kwargs):
+    model, tok = tiny.build(case)
+    text = tiny.texts_for(tiny.CASE_BY_ID[case], tok)[0]
+    return normx.explain(model, tok, text, **kwargs)
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("kwargs", [{}, {"layer": "all"}, {"method": "gradient_x_input"},
+                                    {"method": "integrated_gradients", "n_steps": 4}])
+def test_from_dict_round_trip_is_exact(case, kwargs):
+    for e in (explained(case, **kwargs), explained(case, **kwargs).words("mean")):
+        data = json.loads(json.dumps(e.to_dict()))
+        back = Explanation.from_dict(data)
+        assert back == e and back.to_dict() == data
+        assert back.to_html() == e.to_html()
+
+
+def test_equality_sees_a_changed_score():
+    e = explained("BertForSequenceClassification")
+    scores = e.scores.copy()
+    scores[0, 0, 1] = np.nextafter(scores[0, 0, 1], np.inf, dtype=np.float32)
+    assert Explanation.from_dict(e.to_dict()) != e.__class__(**{**e.__dict__, "scores": scores})
+
+
+def test_the_html_view_shows_every_unit_coloured_by_the_shared_rule():
+    model, tok = tiny.build("BertForSequenceClassification")
+    e = normx.explain(model, tok, "a gripping film", target="all", layer="all")
+    page = e._repr_html_()
+    assert "<script" not in page and "http" not in page  # self-contained, no script
+    spans = re.findall(r'<span class="normx-unit" style="background:([^;]+);[^"]*" title="([^"]+)">', page)
+    first_view = spans[:len(e.tokens)]  # the first label's view at the last layer
+    scale = max(abs(float(v)) for v, special in zip(e.scores[0, -1], e.special) if not special)
+    for (background, title), token, value in zip(first_view, e.tokens, e.scores[0, -1]):
+        assert title == f"{token}: {float(value):+.4g}" and background == colour(float(value), scale)
+    assert f"rgba({POSITIVE[0]},{POSITIVE[1]},{POSITIVE[2]},1.000)" in page or \
+        f"rgba({NEGATIVE[0]},{NEGATIVE[1]},{NEGATIVE[2]},1.000)" in page  # the largest is full colour
+    assert "contrast:" in page and "words (sum of their tokens)" in page and "every layer" in page
+    assert page.count('class="normx-view"') == len(e.labels) + 1 + 1 + len(e.layers)
+    several = normx.explain(model, tok, ["a gripping film", "a dull plot"])
+    assert isinstance(several, list) and several._repr_html_().count('class="normx-explanation"') == 2
+
+
+def test_the_generation_view_is_its_matrix():
+    model, tok = tiny.build("LlamaForCausalLM")
+    g = normx.explain_generation(model, tok, "the film was", max_new_tokens=3)
+    page = g._repr_html_()
+    assert page.count("<tr>") == 1 + g.steps and "<script" not in page
+    cells = re.findall(r'<td style="[^"]*background:([^"]+)" title="([^"]+)"></td>', page)
+    assert len(cells) == sum(g.generated)  # the row of the token at index p has p cells
+    several = normx.explain_generation(model, tok, ["the film was", "a dull"], max_new_tokens=2)
+    assert several._repr_html_().count('class="normx-generation"') == 2
