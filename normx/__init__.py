@@ -43,6 +43,7 @@ _LAZY = {
     "list_methods": "methods", "register_method": "methods", "explain": "explanations.explain",
     "list_presets": "zoo.presets", "Explanation": "explanations.result",
     "explain_generation": "explanations.generation", "Generation": "explanations.generation_result",
+    "load_attributions": "bulk.read", "corpus_summary": "bulk.read",
 }
 # the public submodules that live in a layer's folder
 _MODULES = {"decompx": "methods.decompx", "mixing": "methods.mixing"}
@@ -86,7 +87,7 @@ __all__ = [
     "Adapter", "EmptyTextError", "Explanation", "Generation", "HookNotFiredError", "InputTooLongError",
     "InvalidInputError", "LayerOutOfRangeError", "Method", "ModelLoadError", "NormxError", "Option",
     "PairNotSupportedError", "PairRequiredError", "UnknownMethodError", "UnknownTargetError", "UnsupportedModelError",
-    "WorkBudgetError", "attribute_dataset", "capture", "describe_methods", "explain", "explain_generation",
-    "get_adapter", "list_methods", "list_presets", "load_model", "register_adapter", "register_method",
-    "supported_models",
+    "WorkBudgetError", "attribute_dataset", "capture", "corpus_summary", "describe_methods", "explain",
+    "explain_generation", "get_adapter", "list_methods", "list_presets", "load_attributions", "load_model",
+    "register_adapter", "register_method", "supported_models",
 ]

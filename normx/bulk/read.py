@@ -18,7 +18,8 @@ from normx.errors import InvalidInputError
 from normx.explanations.result import Explanation
 
 UNITS = ("token", "word")
-_SUMMARY_COLUMNS = ["tokens", "offsets", "scores", "label", "text", "text_pair", "segments", "special", "error"]
+_SUMMARY_COLUMNS = ["tokens", "offsets", "scores", "label", "text", "text_pair", "segments", "special", "error",
+                    "labels", "prediction", "scores_by_label_layer"]
 
 
 def shard_files(folder) -> list[Path]:
@@ -135,9 +136,9 @@ class CorpusSummary:
 
 def corpus_summary(folder, unit: str = "token") -> CorpusSummary:
     """What the corpus says, per explained label (the ``label`` column: the predicted one unless the run asked for
-    another): for each token (``unit="word"``: each run of tokens with no space between them, as the text spells
-    it), the sum of its main-view scores over every row and how often it occurs. Special tokens are left out.
-    Streamed over the shards."""
+    another; a run that explained every label is read at the predicted one): for each token (``unit="word"``: each
+    run of tokens with no space between them, as the text spells it), the sum of its scores over every row and how
+    often it occurs. Special tokens are left out. Streamed over the shards."""
     if unit not in UNITS:
         raise InvalidInputError(f"unit={unit!r} is not allowed; use one of {UNITS}")
     totals: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(lambda: [0.0, 0]))
@@ -147,6 +148,7 @@ def corpus_summary(folder, unit: str = "token") -> CorpusSummary:
         if record.get("error"):
             skipped += 1
             continue
+        record = _predicted_view(record)
         table = totals[str(record["label"])]
         for name, value in units_of(record, unit):
             entry = table[name]
@@ -155,6 +157,16 @@ def corpus_summary(folder, unit: str = "token") -> CorpusSummary:
     stats = {label: {name: UnitStats(name, total, count) for name, (total, count) in table.items()}
              for label, table in totals.items()}
     return CorpusSummary(unit, rows, skipped, stats)
+
+
+def _predicted_view(record: dict) -> dict:
+    """A row whose run explained several labels (``target="all"``) summarised for its predicted label, at its last
+    layer; other rows as they are (their main view)."""
+    labels = record.get("labels") or []
+    if len(labels) > 1 and record.get("prediction") in labels and record.get("scores_by_label_layer"):
+        return {**record, "label": record["prediction"],
+                "scores": record["scores_by_label_layer"][labels.index(record["prediction"])][-1]}
+    return record
 
 
 def units_of(record: dict, unit: str = "token") -> Iterator[tuple[str, float]]:

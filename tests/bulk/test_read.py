@@ -115,3 +115,52 @@ def test_normx_show_writes_a_report_a_browser_shows(folder, tmp_path, capsys):
 def test_show_of_a_folder_without_shards_is_an_error(tmp_path, capsys):
     assert main(["show", str(tmp_path)]) == 2
     assert "no shard-*.parquet files" in capsys.readouterr().err
+
+
+def test_a_run_of_every_label_is_summarised_at_the_predicted_one(tmp_path):
+    model, tok = tiny.build("BertForSequenceClassification")
+    data = tmp_path / "data.tsv"
+    data.write_text("sentence\tlabel\n" + "\n".join(f"{t}\t1" for t in TEXTS if t) + "\n")
+    normx.attribute_dataset(model, tok, data, tmp_path / "out", target="all", progress=False)
+    summary = corpus_summary(tmp_path / "out")
+    want = {}
+    for text in (t for t in TEXTS if t):
+        e = normx.explain(model, tok, text)  # the predicted label's scores
+        for token, score, special in zip(e.tokens, e.score, e.special):
+            if not special:
+                total, count = want.get((e.prediction, token), (0.0, 0))
+                want[e.prediction, token] = (total + float(score), count + 1)
+    got = {(label, s.unit): (s.total, s.count) for label in summary.labels for s in summary.stats[label].values()}
+    assert set(got) == set(want)
+    for key, (total, count) in want.items():
+        assert got[key][0] == pytest.approx(total, rel=1e-5, abs=1e-5) and got[key][1] == count
+
+
+@pytest.mark.slow
+def test_the_sst2_dev_report_reaches_all_872_examples(tmp_path):
+    from locations import SHARED
+
+    data = Path(SHARED) / "sst2" / "dev.tsv"
+    if not data.is_file():
+        pytest.skip("the shared data folder is not here")
+    chromium = Path(os.environ.get("NORMX_CHROMIUM", "/usr/bin/chromium"))
+    playwright = pytest.importorskip("playwright.sync_api")
+    if not chromium.is_file():
+        pytest.skip("no Chromium")
+    model, tok = normx.load_model("minilm-sst2")
+    normx.attribute_dataset(model, tok, data, tmp_path / "sst2", progress=False)
+    index = normx.bulk.report.write_report(tmp_path / "sst2")
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(chromium), args=["--headless", "--no-sandbox"])
+        try:
+            view = browser.new_page()
+            view.goto(index.as_uri())
+            playwright.expect(view.locator("#pager")).to_contain_text("page 1 of 18 (872 examples)")
+            assert "negative: words, largest mean" in view.inner_text("body")
+            view.get_by_role("button", name="last").click()
+            rows = view.locator("#examples tbody tr")
+            playwright.expect(rows).to_have_count(872 - 17 * 50)
+            playwright.expect(rows.last.locator(".u").first).to_be_visible()  # drawn from the last chunk
+            assert rows.last.locator("td").first.inner_text() == "871"
+        finally:
+            browser.close()
