@@ -68,3 +68,30 @@ def test_the_generation_view_is_its_matrix():
     assert len(cells) == sum(g.generated)  # the row of the token at index p has p cells
     several = normx.explain_generation(model, tok, ["the film was", "a dull"], max_new_tokens=2)
     assert several._repr_html_().count('class="normx-generation"') == 2
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_random_explanations_round_trip_exactly(seed):
+    """Property: any explanation (any tokens and text, any float32 scores incl. NaN, -0.0 and extremes, any labels
+    and layers, regression or not) survives to_dict -> JSON -> from_dict unchanged."""
+    rng = np.random.default_rng(seed)
+    n, k, layers = int(rng.integers(1, 12)), int(rng.integers(1, 4)), int(rng.integers(1, 4))
+    alphabet = list("abcXYZ éü漢字🙂\t'\"<>&") + ["##", "Ġ", "[CLS]"]
+    tokens = ["".join(rng.choice(alphabet, int(rng.integers(1, 4)))) for _ in range(n)]
+    text = " ".join(tokens)
+    scores = rng.standard_normal((k, layers, n)).astype(np.float32) * np.float32(10.0 ** rng.integers(-30, 30))
+    scores.flat[rng.integers(0, scores.size)] = np.nan
+    scores.flat[rng.integers(0, scores.size)] = -0.0
+    regression = bool(rng.integers(0, 2))
+    labels = ["score"] if regression else [f"label {i}" for i in range(k)]
+    e = Explanation(text=text, text_pair=None if rng.integers(0, 2) else "a pair", tokens=tokens,
+                    offsets=[(i, i + 1) for i in range(n)], segments=[0] * n,
+                    special=[bool(b) for b in rng.integers(0, 2, n)], scores=scores[:len(labels)], labels=labels,
+                    layers=sorted(rng.choice(30, layers, replace=False).tolist()),
+                    prediction=float(rng.standard_normal()) if regression else labels[0],
+                    probabilities={} if regression else {lab: float(rng.random()) for lab in labels},
+                    method="normxlogit", settings={"target": None, "layer": "all", "n_steps": 3},
+                    warnings=["truncated"] if rng.integers(0, 2) else [], regression=regression,
+                    kind="sequence_classification", family="bert", pooled=int(rng.integers(0, n)))
+    back = Explanation.from_dict(json.loads(json.dumps(e.to_dict())))
+    assert back == e and back.to_dict() == e.to_dict()
