@@ -51,8 +51,9 @@ class Demo:
     """The handlers, bound to one model cache and work gate. ``build()`` makes the ``gr.Blocks``."""
 
     def __init__(self, cache: serving.ModelCache, methods: Sequence[str] | None = None,
-                 default_model: str = DEFAULT_MODEL, gate: WorkGate | None = None):
-        self.cache = cache
+                 default_model: str = DEFAULT_MODEL, gate: WorkGate | None = None,
+                 batcher: session.Batcher | None = None, results: session.ResultCache | None = None):
+        self.cache, self.batcher, self.results = cache, batcher, results  # None: no batching, no answers kept
         self.gate = gate if gate is not None else WorkGate(serving.budget_gflop())
         self.methods = list(methods if methods is not None else normx.list_methods())
         self.default_model = default_model
@@ -75,7 +76,8 @@ class Demo:
         return gr.update(value=f"*{normx.describe_methods().get(method, '')}*")
 
     def explain(self, model_name, text, pair, method, steps, unit, show_special, compare_methods):
-        state = session.explain_request(self.cache, model_name, text, pair, method, steps, self.gate)
+        state = session.explain_request(self.cache, model_name, text, pair, method, steps, self.gate, self.batcher,
+                                        self.results)
         first = state.steps[0]
         for warning in first.warnings:
             gr.Warning(warning)
@@ -246,15 +248,15 @@ class Demo:
 def build_demo(locked: bool | None = None, models: Sequence[str] | None = None, default_model: str | None = None,
                cache: serving.ModelCache | None = None, methods: Sequence[str] | None = None,
                budget: float | None = None) -> gr.Blocks:
-    """The demo page, queued. ``locked`` (default: ``serving.is_locked()``): only ``models`` load (default:
-    ``serving.allowed_models()``); ``cache``: a ``serving.ModelCache`` to share; ``methods``: the method picker's
-    choices (default: all); ``budget``: GFLOP per request (``serving.budget_gflop()``)."""
+    """The demo page, queued, one-pass requests batched, answers kept. ``locked``: only ``models`` load; ``cache``:
+    a ``serving.ModelCache`` to share; ``methods``: the choices (all); ``budget``: GFLOP per request."""
     locked = serving.is_locked(locked)
     allowed = serving.allowed_models(models)
     if cache is None:
         cache = serving.ModelCache(locked=locked, allowed=allowed)
     default = serving.default_model_name(default_model, locked, allowed, DEFAULT_MODEL)
-    return Demo(cache, methods, default, WorkGate(serving.budget_gflop(budget))).build()
+    return Demo(cache, methods, default, serving.work_gate(budget), serving.batcher(),
+                session.ResultCache()).build()
 
 
 def theme() -> gr.themes.Base:
@@ -276,7 +278,7 @@ def launch(host: str | None = None, port: int | None = None, locked: bool | None
            **overrides):
     """Build and serve the demo (blocks until stopped). Host / port default to $GRADIO_SERVER_NAME / _PORT;
     ``locked`` to :func:`normx.serving.server.resolve_locked` (unlocked on loopback only)."""
-    serving.server_logging()
+    serving.server_process()
     host = host or os.environ.get("GRADIO_SERVER_NAME") or "127.0.0.1"
     locked = serving.resolve_locked(locked, host)
     allowed = serving.allowed_models(models)

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from normx._version import __version__
 from normx.core.concurrency import tokenizer_lock
-from normx.core.inputs import check_text, positive_int
+from normx.core.inputs import check_text, positive_int, token_budget_batches
 from normx.data.rows import Row, _pyarrow_parquet, iter_rows
 from normx.errors import InvalidInputError, NormxError
 from normx.explanations.explain import explain
@@ -162,22 +162,11 @@ def _shards(rows: Iterator[Row], size: int) -> Iterator[list[Row]]:
 
 
 def batches(lengths: Sequence[int], max_tokens: int, batch_size: int | None = None) -> list[list[int]]:
-    """Row indices grouped into batches: fixed ``batch_size`` rows in order, or bucketed by length (shortest
-    first) so that each batch's padded size (longest length x rows) stays within ``max_tokens`` (a row longer
-    than the budget goes alone)."""
+    """Row indices grouped into batches: fixed ``batch_size`` rows in order, or bucketed by length
+    (:func:`normx.core.inputs.token_budget_batches`)."""
     if batch_size is not None:
         return [list(range(i, min(i + batch_size, len(lengths)))) for i in range(0, len(lengths), batch_size)]
-    out, batch, longest = [], [], 0
-    for i in sorted(range(len(lengths)), key=lambda i: (lengths[i], i)):
-        width = max(longest, lengths[i])
-        if batch and width * (len(batch) + 1) > max_tokens:
-            out.append(batch)
-            batch, width = [], lengths[i]
-        batch.append(i)
-        longest = width
-    if batch:
-        out.append(batch)
-    return out
+    return token_budget_batches(lengths, max_tokens)
 
 
 def _lengths(tokenizer, rows: list[Row]) -> list[int]:

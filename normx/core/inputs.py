@@ -201,3 +201,19 @@ def batches(encoded: list[Encoded], batch_size: int, tokenizer, adapter: Adapter
     for start in range(0, len(encoded), batch_size):
         items = encoded[start:start + batch_size]
         yield items, collate(items, pad_id, side, device, position_ids=adapter.decoder)
+
+
+def token_budget_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
+    """Indices grouped into batches bucketed by length (shortest first) so that each batch's padded size (longest
+    length x rows) stays within ``max_tokens`` (an input longer than the budget goes alone)."""
+    out, batch, longest = [], [], 0
+    for i in sorted(range(len(lengths)), key=lambda i: (lengths[i], i)):
+        width = max(longest, lengths[i])
+        if batch and width * (len(batch) + 1) > max_tokens:
+            out.append(batch)
+            batch, width = [], lengths[i]
+        batch.append(i)
+        longest = width
+    if batch:
+        out.append(batch)
+    return out

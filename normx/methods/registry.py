@@ -135,6 +135,9 @@ class Method:
     # its score at position i reads only position i's representations in the pass that makes the prediction (the
     # head-on-top methods): in a causal LM one pass over a prompt and its continuation holds every generation step
     per_position: bool = False
+    # it holds the model exclusively for a forward pass (eager attention, a model-wide switch): every other call on
+    # the model waits meanwhile, so a server runs it in its lane for expensive work, never beside long work
+    exclusive: bool = False
 
     def __post_init__(self):
         options = self.options

@@ -56,8 +56,8 @@ def estimate_gflop(model: nn.Module, method: str, tokens: int, *, targets: int =
 
 
 class WorkGate:
-    """A per-request work budget and two lanes: cheap requests run at once; expensive ones (over ``cheap_gflop``)
-    run at most ``heavy_slots`` at a time, the others waiting their turn.
+    """A per-request work budget and two lanes: cheap requests run at once; expensive ones (over ``cheap_gflop``,
+    or holding the model exclusively) run at most ``heavy_slots`` at a time, the others waiting their turn.
 
     ``run(gflop, fn, what)`` refuses work over ``budget_gflop`` with :class:`WorkBudgetError` (``what`` describes
     the request in the message), else returns ``fn()``.
@@ -78,9 +78,11 @@ class WorkGate:
                 f"{self.budget_gflop:,.4g} GFLOP this server allows per request: shorten the text, ask for fewer "
                 "steps or labels, or choose a one-pass method (normxlogit, logat)")
 
-    def run(self, gflop: float, fn: Callable[[], T], what: str = "this request") -> T:
+    def run(self, gflop: float, fn: Callable[[], T], what: str = "this request", *, heavy: bool = False) -> T:
+        """``heavy``: the expensive lane whatever the estimate (work that holds the model exclusively:
+        ``Method.exclusive``)."""
         self.check(gflop, what)
-        if gflop <= self.cheap_gflop:
+        if gflop <= self.cheap_gflop and not heavy:
             return fn()
         with self._heavy:
             return fn()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -181,6 +182,74 @@ def input_fields(name: str, locked: bool) -> tuple[bool, bool, str]:
     note = info["description"] or ("" if locked else "a local folder, PEFT adapter folder or hub id")
     return (info["inputs"] != "single" and info["task"] != "causal-lm", info["task"] in ("causal-lm", "unknown"),
             f"*{note}*" if note else "")
+
+
+BATCH_WINDOW_ENV, BATCH_MAX_ENV = "NORMX_DEMO_BATCH_WINDOW_MS", "NORMX_DEMO_BATCH_MAX"
+HEAVY_ENV = "NORMX_DEMO_HEAVY_SLOTS"
+
+
+def work_gate(budget: float | None = None):
+    """The demo's :class:`~normx.serving.budget.WorkGate`: ``budget`` GFLOP per request (:func:`budget_gflop`) and
+    ``$NORMX_DEMO_HEAVY_SLOTS`` (default 1) requests at a time in the expensive lane."""
+    from normx.serving.budget import WorkGate
+
+    try:
+        slots = int(os.environ.get(HEAVY_ENV, "1"))
+    except ValueError:
+        raise errors.InvalidInputError(f"${HEAVY_ENV} must be a whole number") from None
+    return WorkGate(budget_gflop(budget), heavy_slots=slots)
+
+
+def batcher():
+    """The demo's :class:`~normx.serving.batching.Batcher`: one-pass requests arriving within
+    ``$NORMX_DEMO_BATCH_WINDOW_MS`` (default 10 ms) of each other explained together, at most
+    ``$NORMX_DEMO_BATCH_MAX`` (default 32) a batch."""
+    from normx.serving.batching import Batcher
+
+    try:
+        window = float(os.environ.get(BATCH_WINDOW_ENV, "10"))
+        largest = int(os.environ.get(BATCH_MAX_ENV, "32"))
+    except ValueError as exc:
+        raise errors.InvalidInputError(f"${BATCH_WINDOW_ENV} / ${BATCH_MAX_ENV} must be numbers ({exc})") from None
+    return Batcher(window_ms=window, max_batch=largest, threads=os.cpu_count() or 1)
+
+
+def limit_malloc_arenas(arenas: int = 2) -> None:
+    """At most ``arenas`` glibc malloc arenas for the threads a server starts from now on (glibc gives each busy
+    thread an arena of its own, and freed memory stays in them: the memory high-water then grows with the number
+    of request threads, not with the work); nothing where glibc is not the C library."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    if name is None or not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL(name).mallopt(-8, arenas)  # M_ARENA_MAX
+    except (OSError, AttributeError):
+        return
+
+
+THREADS_ENV = "NORMX_DEMO_TORCH_THREADS"
+
+
+def server_process(threads: int | None = None) -> None:
+    """What a server process sets up once, before its request threads start: its log, its malloc arenas, and
+    ``threads`` intra-op threads for torch (default ``$NORMX_DEMO_TORCH_THREADS``, else 1): a server runs many
+    requests at once, so it parallelises across them, and an expensive request then holds one core, not all of
+    them, while cheap ones are served on the others (OpenMP threads of concurrent requests would also spin against
+    each other)."""
+    import torch
+
+    server_logging()
+    limit_malloc_arenas()
+    try:
+        threads = int(os.environ.get(THREADS_ENV, "1")) if threads is None else threads
+    except ValueError:
+        raise errors.InvalidInputError(f"${THREADS_ENV} must be a whole number") from None
+    if threads < 1:
+        raise errors.InvalidInputError(f"torch threads must be at least 1, got {threads}")
+    torch.set_num_threads(threads)
 
 
 def server_logging() -> None:

@@ -9,8 +9,10 @@ Plain functions of a model cache (``cache.get(name) -> (model, tokenizer)``) and
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from normx import errors
 from normx.core.inputs import check_text, count_tokens
@@ -20,9 +22,13 @@ from normx.explanations.generation_result import Generation
 from normx.explanations.result import Explanation
 from normx.methods import get_method, list_methods
 from normx.models import HeadKind, get_adapter, unwrap_model
+from normx.serving.batching import Batcher
 from normx.serving.budget import WorkGate, estimate_gflop
 
 MAX_CHARS = 2000  # per text box
+# rows per forward pass of the methods that run all their rows at once by default (Integrated Gradients' steps):
+# short passes, so that a batch of one-pass requests waits for at most one of them (serving.batching)
+PASS_ROWS = 10
 MAX_TOKENS = 512  # per request (text + pair, special tokens included)
 MAX_CONTINUATION = 32  # greedy continuation tokens for causal LMs
 DEFAULT_CONTINUATION = 8
@@ -46,6 +52,37 @@ class PageState:
     contrast: dict[tuple[int, str, str], Explanation] = field(default_factory=dict)  # (step, a, b) -> explanation
 
 
+class ResultCache:
+    """The page states of the last ``size`` distinct requests (model, texts, method, steps), so that the same
+    request again (a second visitor, a reload) costs nothing; each hit is a copy whose later additions (comparisons,
+    contrasts) stay its own. Thread-safe."""
+
+    def __init__(self, size: int = 256):
+        self.size = size
+        self._states: OrderedDict[tuple, PageState] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple) -> PageState | None:
+        with self._lock:
+            state = self._states.get(key)
+            if state is None:
+                return None
+            self._states.move_to_end(key)
+            return _copy(state)
+
+    def put(self, key: tuple, state: PageState) -> None:
+        with self._lock:
+            self._states[key] = _copy(state)
+            self._states.move_to_end(key)
+            while len(self._states) > self.size:
+                self._states.popitem(last=False)
+
+
+def _copy(state: PageState) -> PageState:
+    return replace(state, compare={step: dict(done) for step, done in state.compare.items()},
+                   contrast=dict(state.contrast))
+
+
 def check_inputs(text: str, pair: str | None, tokenizer) -> tuple[str, str | None, int]:
     """The text, the pair (``None`` if empty) and their token count, after the demo's caps; raises
     :class:`normx.InvalidInputError`."""
@@ -64,15 +101,16 @@ def check_inputs(text: str, pair: str | None, tokenizer) -> tuple[str, str | Non
 
 
 def gated(gate: WorkGate | None, model, method: str, tokens: int, fn, *, targets: int = 1, steps: int = 1):
-    """``fn()`` through the work gate: refused with a clear message when over the budget, queued behind other
-    expensive requests when expensive, at once when cheap. ``steps`` explanations of ``tokens`` (+ the steps'
-    tokens) each."""
+    """``fn()`` through the work gate: refused with a clear message when over the budget; the one-pass methods
+    (``Method.per_position``) at once, every other method in the expensive lane, behind the expensive requests
+    before it. ``steps`` explanations of ``tokens`` (+ the steps' tokens) each."""
     if gate is None:
         return fn()
     gflop = estimate_gflop(model, method, tokens + steps - 1, targets=targets, texts=steps)
     what = f"{method} on {tokens} tokens" + (f" x {steps} steps" if steps > 1 else "") + \
         (f" for {targets} labels" if targets > 1 else "")
-    return gate.run(gflop, fn, what)
+    chosen = get_method(method)  # every method but the one-pass ones in the expensive lane
+    return gate.run(gflop, fn, what, heavy=chosen.exclusive or not chosen.per_position)
 
 
 def continuation(model, tokenizer, text: str, method: str, steps: int, layer="all",
@@ -84,6 +122,13 @@ def continuation(model, tokenizer, text: str, method: str, steps: int, layer="al
                               target=target)
 
 
+def short_passes(method: str) -> dict:
+    """The options that keep a method's forward passes short on a server: ``internal_batch_size`` where it runs all
+    its rows in one pass by default (Integrated Gradients: every step)."""
+    option = get_method(method).options.get("internal_batch_size")
+    return {"internal_batch_size": PASS_ROWS} if option is not None and option.default is None else {}
+
+
 def _gated_generation(gate, model, method: str, tokens: int, steps: int, fn):
     """A generation through the work gate: one pass over prompt + continuation for the head-on-top methods, one
     per step otherwise."""
@@ -93,18 +138,32 @@ def _gated_generation(gate, model, method: str, tokens: int, steps: int, fn):
 
 
 def explain_request(cache, model_name: str, text: str, pair: str | None = None,
-                    method: str = "normxlogit", steps: int = DEFAULT_CONTINUATION, gate: WorkGate | None = None
-                    ) -> PageState:
+                    method: str = "normxlogit", steps: int = DEFAULT_CONTINUATION, gate: WorkGate | None = None,
+                    batcher: Batcher | None = None, results: ResultCache | None = None) -> PageState:
     """Everything one request computes, as the state the page keeps: explanations of all layers and labels.
 
     Classifiers: one explanation with ``target="all"`` (every label) and ``layer="all"``. Vocabulary heads
     (causal / masked LM): one explanation per greedy step of the predicted token (masked LM: the mask token).
-    ``gate``: the server's :class:`normx.serving.budget.WorkGate` (None: no budget).
+    ``gate``: the server's :class:`normx.serving.budget.WorkGate` (None: no budget); ``batcher``: one-pass
+    requests of classifiers and masked LMs are explained in batches with the requests that arrive with them
+    (:class:`normx.serving.batching.Batcher`); ``results``: the same request again is answered from there.
     """
     if method not in list_methods():
         raise errors.UnknownMethodError(f"unknown method {method!r}; available: {', '.join(list_methods())}")
     model, tokenizer = cache.get(model_name)
     text, pair, tokens = check_inputs(text, pair, tokenizer)
+    key = (model_name, text, pair, method, int(steps or 1))
+    found = None if results is None else results.get(key)
+    if found is not None:
+        return found
+    state = _compute(model, tokenizer, model_name, text, pair, tokens, method, steps, gate, batcher)
+    if results is not None:
+        results.put(key, state)
+    return state
+
+
+def _compute(model, tokenizer, model_name: str, text: str, pair: str | None, tokens: int, method: str, steps,
+             gate: WorkGate | None, batcher: Batcher | None) -> PageState:
     kind = get_adapter(model).kind
     layer = get_method(method).all_layers
     if kind is HeadKind.CAUSAL_LM:
@@ -119,9 +178,15 @@ def explain_request(cache, model_name: str, text: str, pair: str | None = None,
     else:
         target = None if kind is not HeadKind.SEQUENCE_CLASSIFICATION else "all"
         labels = 1 if target is None else max(1, int(getattr(unwrap_model(model).config, "num_labels", 1)))
-        explanation = gated(gate, model, method, tokens, lambda: explain(
-            model, tokenizer, text, method=method, target=target, layer=layer, text_pair=pair, truncation="error"),
-            targets=labels)
+        settings = {"method": method, "target": target, "layer": layer, "truncation": "error",
+                    **short_passes(method)}
+        if batcher is not None and get_method(method).per_position:
+            def run():
+                return batcher.explain(model, tokenizer, text, text_pair=pair, tokens=tokens, **settings)
+        else:
+            def run():
+                return explain(model, tokenizer, text, text_pair=pair, **settings)
+        explanation = gated(gate, model, method, tokens, run, targets=labels)
     return PageState(model_name, method, kind, pair, [text], [explanation], compare={0: {method: explanation}})
 
 

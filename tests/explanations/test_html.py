@@ -76,7 +76,7 @@ def test_random_explanations_round_trip_exactly(seed):
     and layers, regression or not) survives to_dict -> JSON -> from_dict unchanged."""
     rng = np.random.default_rng(seed)
     n, k, layers = int(rng.integers(1, 12)), int(rng.integers(1, 4)), int(rng.integers(1, 4))
-    alphabet = list("abcXYZ éü漢字🙂\t'\"<>&") + ["##", "Ġ", "[CLS]"]
+    alphabet = [*"abcXYZ éü漢字🙂\t'\"<>&", "##", "Ġ", "[CLS]"]
     tokens = ["".join(rng.choice(alphabet, int(rng.integers(1, 4)))) for _ in range(n)]
     text = " ".join(tokens)
     scores = rng.standard_normal((k, layers, n)).astype(np.float32) * np.float32(10.0 ** rng.integers(-30, 30))

@@ -57,6 +57,7 @@ def calls(monkeypatch):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(session, "explain", counting)
+    monkeypatch.setattr("normx.serving.batching.explain", counting)  # the one-pass requests the server batches
     return count
 
 

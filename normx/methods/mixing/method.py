@@ -27,13 +27,13 @@ register_method(Method(
     "globenc", _scores("globenc"),
     "GlobEnc (Modarressi et al. 2022): norms of the attention block's output decomposed per source token through "
     "both LayerNorms (N_Enc), normalised per row; " + _ROW,
-    display="GlobEnc", shares=True, label_dependent=False, options=[ROLLOUT], supports=family_reason,
+    display="GlobEnc", shares=True, label_dependent=False, options=[ROLLOUT], supports=family_reason, exclusive=True,
     cost=lambda tokens, targets, options: 2 + tokens / 20))  # measured (MiniLM, CPU): 3x a forward at 40, 7x at 256
 register_method(Method(
     "alti", _scores("alti"),
     "ALTI (Ferrando et al. 2022): l1-proximity of each source's decomposed vector to the first LayerNorm's output, "
     "normalised per row; " + _ROW,
-    display="ALTI", shares=True, label_dependent=False, options=[ROLLOUT], supports=family_reason,
+    display="ALTI", shares=True, label_dependent=False, options=[ROLLOUT], supports=family_reason, exclusive=True,
     cost=lambda tokens, targets, options: 2 + tokens / 20))
 register_method(Method(
     "value_zeroing", _scores("value_zeroing"),
