@@ -149,7 +149,9 @@ def test_the_sst2_dev_report_reaches_all_872_examples(tmp_path):
         pytest.skip("no Chromium")
     model, tok = normx.load_model("minilm-sst2")
     normx.attribute_dataset(model, tok, data, tmp_path / "sst2", progress=False)
-    index = normx.bulk.report.write_report(tmp_path / "sst2")
+    from normx.bulk.report import write_report
+
+    index = write_report(tmp_path / "sst2")
     with playwright.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(chromium), args=["--headless", "--no-sandbox"])
         try:
