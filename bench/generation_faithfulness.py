@@ -15,13 +15,13 @@ kept), the drop in the generated token's probability, AOPC over K = 10 ... 90 %
 
 from __future__ import annotations
 
-import csv
 import json
 import sys
 import time
 from pathlib import Path
 
 import normx
+from normx.data import glue
 from normx.evaluation.generation import generation_faithfulness
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,8 +29,7 @@ INSTRUCTION = "Review: {sentence}\nIs this review positive or negative? Answer:"
 
 
 def prompts(data: Path) -> list[str]:
-    with open(data / "sst2" / "dev.tsv", newline="", encoding="utf-8") as f:
-        reviews = [row["sentence"].strip() for row in csv.DictReader(f, delimiter="\t")]
+    reviews = [e.text.strip() for e in glue.load("sst2", "dev", data)]
     chosen = [INSTRUCTION.format(sentence=s) for s in reviews if 8 <= len(s.split()) <= 25][:16]
     blimp = []
     for file in sorted((data / "blimp").glob("*.jsonl")):

@@ -12,9 +12,7 @@ results: NormXLogit's rows are ||x^0|| x the model's own logits, Captum attribut
 
 from __future__ import annotations
 
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import tiny
+from timing import median_seconds
 
 import normx
 
@@ -31,15 +30,6 @@ PROMPT = ("Review: the acting is superb and the story keeps you guessing until t
           "Is this review positive or negative? Explain briefly.\nAnswer:")
 NEW_TOKENS = 32
 SHORT = "the film was great"  # the tiny model's position table is 64 long
-
-
-def _median_seconds(fn, rounds: int) -> float:
-    times = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def _setup(enabled: bool):
@@ -82,10 +72,10 @@ def _run(benchmark, enabled: bool):
         return normx.explain_generation(model, tokenizer, prompt, target=continuation)
 
     forward(), all_steps()  # warm-up
-    plain = _median_seconds(forward, rounds)
+    plain = median_seconds(forward, rounds)
     benchmark.group = "generation: all steps"
     result = benchmark.pedantic(all_steps, rounds=rounds, iterations=1, warmup_rounds=0)
-    one_pass = benchmark.stats.stats.median if enabled else _median_seconds(all_steps, 1)
+    one_pass = benchmark.stats.stats.median if enabled else median_seconds(all_steps, 1)
 
     # correct: every row is ||x_i^0|| x the model's own logit for the generated token
     with torch.no_grad():
@@ -96,7 +86,7 @@ def _run(benchmark, enabled: bool):
         np.testing.assert_allclose(result.rows()[t], want, rtol=1e-3, atol=1e-3 * np.abs(want).max())
 
     loop_rounds = 2 if enabled else 1
-    loop = _median_seconds(lambda: normx.explain_generation(model, tokenizer, prompt, method="gradient_x_input",
+    loop = median_seconds(lambda: normx.explain_generation(model, tokenizer, prompt, method="gradient_x_input",
                                                             target=continuation), loop_rounds)
     captum = _captum_seconds(model, tokenizer, prompt, continuation, result, loop_rounds)
     benchmark.extra_info.update(model=name, tokens=len(result.tokens), steps=NEW_TOKENS, forward_seconds=plain,
@@ -123,4 +113,4 @@ def _captum_seconds(model, tokenizer, text: str, continuation: list[int], result
     target = torch.tensor(continuation)
     out = attribution.attribute(prompt, target=target)
     assert tuple(out.token_attr.shape) == (NEW_TOKENS, result.prompt_length)  # one row per step, over the prompt
-    return _median_seconds(lambda: attribution.attribute(prompt, target=target), rounds)
+    return median_seconds(lambda: attribution.attribute(prompt, target=target), rounds)

@@ -9,9 +9,7 @@ once per model.
 
 from __future__ import annotations
 
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -19,18 +17,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import tiny
+from timing import median_seconds
 
 import normx
 from normx.core import verify
-
-
-def _median_seconds(fn, rounds: int) -> float:
-    times = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def _model(enabled: bool):
@@ -53,10 +43,10 @@ def test_first_use_check_costs_about_one_forward_pass(benchmark):
             model(**inputs)
 
     forward()  # warm-up
-    plain = _median_seconds(forward, rounds)
+    plain = median_seconds(forward, rounds)
     benchmark.group = "first-use check"
     benchmark.pedantic(verify.verify, args=(model, adapter), rounds=rounds, iterations=1, warmup_rounds=1)
-    check = benchmark.stats.stats.median if benchmark.enabled else _median_seconds(
+    check = benchmark.stats.stats.median if benchmark.enabled else median_seconds(
         lambda: verify.verify(model, adapter), 1)
     benchmark.extra_info.update(model=name, forward_seconds=plain, check_seconds=check, ratio=check / plain)
     if benchmark.enabled:

@@ -81,3 +81,13 @@ def record(benchmark, work: Workload, baseline_times: list[float], tracker: Peak
         info["ratio_of_mins"] = min(times) / min(baseline_times)
     elif work.method == "forward":
         info["ratio_to_forward"] = 1.0
+
+
+def median_seconds(fn: Callable, rounds: int) -> float:
+    """The median wall time of ``rounds`` calls of ``fn`` (for the plain comparisons outside ``pedantic``)."""
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)

@@ -18,7 +18,7 @@ from normx.errors import InvalidInputError
 from normx.explanations.result import Explanation
 
 UNITS = ("token", "word")
-_SUMMARY_COLUMNS = ["tokens", "offsets", "scores", "label", "text", "text_pair", "segments", "special", "error",
+SUMMARY_COLUMNS = ["tokens", "offsets", "scores", "label", "text", "text_pair", "segments", "special", "error",
                     "labels", "prediction", "scores_by_label_layer"]
 
 
@@ -139,24 +139,39 @@ def corpus_summary(folder, unit: str = "token") -> CorpusSummary:
     another; a run that explained every label is read at the predicted one): for each token (``unit="word"``: each
     run of tokens with no space between them, as the text spells it), the sum of its scores over every row and how
     often it occurs. Special tokens are left out. Streamed over the shards."""
-    if unit not in UNITS:
-        raise InvalidInputError(f"unit={unit!r} is not allowed; use one of {UNITS}")
-    totals: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(lambda: [0.0, 0]))
-    rows = skipped = 0
-    for record in iter_records(folder, _SUMMARY_COLUMNS):
-        rows += 1
+    summary = SummaryBuilder(unit)
+    for record in iter_records(folder, SUMMARY_COLUMNS):
+        summary.add(record)
+    return summary.result()
+
+
+class SummaryBuilder:
+    """:func:`corpus_summary` one row at a time (``add``), for a reader that streams the rows for more than that
+    (the HTML report builds both units' summaries in its one pass over the shards)."""
+
+    def __init__(self, unit: str = "token"):
+        if unit not in UNITS:
+            raise InvalidInputError(f"unit={unit!r} is not allowed; use one of {UNITS}")
+        self.unit, self.rows, self.skipped = unit, 0, 0
+        self._totals: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(lambda: [0.0, 0]))
+
+    def add(self, record: dict) -> None:
+        """One shard row (with the :data:`SUMMARY_COLUMNS` it has)."""
+        self.rows += 1
         if record.get("error"):
-            skipped += 1
-            continue
+            self.skipped += 1
+            return
         record = _predicted_view(record)
-        table = totals[str(record["label"])]
-        for name, value in units_of(record, unit):
+        table = self._totals[str(record["label"])]
+        for name, value in units_of(record, self.unit):
             entry = table[name]
             entry[0] += value
             entry[1] += 1
-    stats = {label: {name: UnitStats(name, total, count) for name, (total, count) in table.items()}
-             for label, table in totals.items()}
-    return CorpusSummary(unit, rows, skipped, stats)
+
+    def result(self) -> CorpusSummary:
+        stats = {label: {name: UnitStats(name, total, count) for name, (total, count) in table.items()}
+                 for label, table in self._totals.items()}
+        return CorpusSummary(self.unit, self.rows, self.skipped, stats)
 
 
 def _predicted_view(record: dict) -> dict:

@@ -15,7 +15,7 @@ import html
 import json
 from pathlib import Path
 
-from normx.bulk.read import corpus_summary, iter_records, manifest
+from normx.bulk.read import SUMMARY_COLUMNS, SummaryBuilder, iter_records, manifest
 from normx.explanations.html import NEGATIVE, POSITIVE
 
 CHUNK = 500
@@ -31,7 +31,10 @@ def write_report(folder, out=None, top: int = 20, min_count: int = 5) -> Path:
     for old in target.glob("rows-*.js"):
         old.unlink()
     index, chunk, number = [], [], 0
-    for record in iter_records(folder, _COLUMNS):
+    words, tokens = SummaryBuilder("word"), SummaryBuilder("token")
+    for record in iter_records(folder, list(dict.fromkeys(_COLUMNS + SUMMARY_COLUMNS))):  # one pass for all
+        words.add(record)
+        tokens.add(record)
         probabilities = {p["label"]: p["probability"] for p in record.get("probabilities") or []}
         prediction = record.get("prediction")
         confidence = probabilities.get(str(prediction)) if prediction is not None else None
@@ -44,7 +47,7 @@ def write_report(folder, out=None, top: int = 20, min_count: int = 5) -> Path:
             chunk, number = [], number + 1
     if chunk:
         _write_chunk(target, number, chunk)
-    words, tokens = corpus_summary(folder, "word"), corpus_summary(folder, "token")
+    words, tokens = words.result(), tokens.result()
     page = _PAGE.replace("{{title}}", html.escape(f"normx attributions: {folder.name}"))
     page = page.replace("{{settings}}", _settings(manifest(folder), tokens))
     page = page.replace("{{summary}}", _summary(words, top, min_count) + _summary(tokens, top, min_count))

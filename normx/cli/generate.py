@@ -7,7 +7,7 @@ import json
 import os
 import sys
 
-from normx.cli.options import layer_spec, texts
+from normx.cli.options import add_output_flags, layer_spec, texts, write_text
 
 
 def add_parser(sub, heavy: bool) -> argparse.ArgumentParser:
@@ -31,11 +31,7 @@ def add_parser(sub, heavy: bool) -> argparse.ArgumentParser:
         from normx.cli.flags import add_method_flags
 
         add_method_flags(parser)
-    parser.add_argument("--gguf-file", default=None, help="load a GGUF checkpoint file inside the model folder")
-    parser.add_argument("--json", action="store_true", help="print one JSON object per prompt, one per line")
-    parser.add_argument("--html", default=None, metavar="FILE", help="also write the generations as one "
-                        "self-contained HTML page")
-    parser.add_argument("--no-color", action="store_true", help="no ANSI colours")
+    add_output_flags(parser, "print one JSON object per prompt, one per line", "generations")
     return parser
 
 
@@ -57,10 +53,9 @@ def run(args) -> int:
     results = explain_generation(model, tokenizer, prompts, method=args.method, layer=layer, target=target,
                                  max_new_tokens=args.max_new_tokens, chat=args.chat, **given_options(args))
     if args.html:
-        from normx.cli.options import write_text
         from normx.explanations.html import page
 
-        write_text(args.html, page("".join(g.to_html() for g in results), f"normx generate: {args.model}"))
+        write_text(args.html, page(results.to_html(), f"normx generate: {args.model}"))
     if args.json:
         for generation in results:
             print(json.dumps({"model": args.model, **generation.to_dict()}, ensure_ascii=False))

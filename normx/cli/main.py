@@ -8,7 +8,7 @@ import os
 import sys
 import warnings
 
-from normx.cli.options import layer_spec, write_text
+from normx.cli.options import add_output_flags, layer_spec, write_text
 from normx.cli.options import texts as read_texts
 from normx.errors import InvalidInputError, NormxError
 
@@ -45,11 +45,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     ex.add_argument("--truncation", default="warn", choices=["warn", "error"])
     if heavy("explain"):
         add_method_flags(ex)
-    ex.add_argument("--gguf-file", default=None, help="load a GGUF checkpoint file inside the model folder")
-    ex.add_argument("--json", action="store_true", help="print one JSON object with a `results` list")
-    ex.add_argument("--html", default=None, metavar="FILE", help="also write the explanations as one self-contained "
-                    "HTML page")
-    ex.add_argument("--no-color", action="store_true", help="plain table without ANSI colours")
+    add_output_flags(ex, "print one JSON object with a `results` list", "explanations")
 
     at = sub.add_parser("attribute", help="explain every row of a corpus into Parquet shards (streamed, resumable; "
                         "torchrun / accelerate launch for many processes)")

@@ -35,6 +35,16 @@ def output_folder(path: str) -> Path:
     return folder
 
 
+def add_output_flags(parser: argparse.ArgumentParser, json_help: str, what: str) -> None:
+    """The loading and output flags ``explain`` and ``generate`` share: ``--gguf-file``, ``--json`` (``json_help``),
+    ``--html FILE`` (``what``: the results, for its help) and ``--no-color``."""
+    parser.add_argument("--gguf-file", default=None, help="load a GGUF checkpoint file inside the model folder")
+    parser.add_argument("--json", action="store_true", help=json_help)
+    parser.add_argument("--html", default=None, metavar="FILE", help=f"also write the {what} as one self-contained "
+                        "HTML page")
+    parser.add_argument("--no-color", action="store_true", help="no ANSI colours")
+
+
 def layer_spec(value: str | None):
     """``--layer``: None, an index, a comma-separated list of indices, or 'all' (ranges are checked with the
     model)."""

@@ -76,17 +76,16 @@ def generation_faithfulness(model, tokenizer, prompts: Sequence[str], methods: S
     handle = model_handle(model)
     ks = tuple(k for k in K_VALUES if 0 < k < 1)
     pad = pad_token_id(tokenizer)
-    steps = [(g, t) for g in first for t in range(g.steps) if g.prompt_length + t >= 2]  # something to delete
-    originals = [_item(g, t) for g, t in steps]
+    steps = [(i, g, t) for i, g in enumerate(first) for t in range(g.steps) if g.prompt_length + t >= 2]
+    originals = [_item(g, t) for _, g, t in steps]  # (a prefix of one token has nothing to delete: left out)
     probability = _Probabilities(handle, pad, batch_size)
-    base = probability(originals, [g.token_ids[g.prompt_length + t] for g, t in steps])
+    base = probability(originals, [g.token_ids[g.prompt_length + t] for _, g, t in steps])
     result = {"aopc": {}, "per_step": {}, "curves": {}}
     for name in tqdm(methods, desc="methods", disable=not progress):
         explained = explain_generation(model, tokenizer, prompts, method=name, target=targets, **options[name])
-        by_prompt = {id(g): e for g, e in zip(first, explained)}
         variants, wanted = [], []
-        for (g, t), item in zip(steps, originals):
-            order = ranking(by_prompt[id(g)].rows()[t], item)
+        for (i, g, t), item in zip(steps, originals):
+            order = ranking(explained[i].rows()[t], item)
             variants += [perturb(item, order, k, mode, "delete") for mode in MODES for k in ks]
             wanted += [g.token_ids[g.prompt_length + t]] * (len(MODES) * len(ks))
         drops = base[:, None, None] - probability(variants, wanted).reshape(len(steps), len(MODES), len(ks))

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from normx.errors import InvalidInputError
-from normx.explanations.result import Explanation, _floats, _plain
+from normx.explanations.result import Explanation, _floats, _plain, layer_position
 from normx.models import HeadKind
 
 
@@ -71,11 +71,7 @@ class Generation:
         return self.scores[-1]
 
     def layer_index(self, layer: int | None = None) -> int:
-        if layer is None:
-            return len(self.layers) - 1
-        if layer in self.layers:
-            return self.layers.index(layer)
-        raise InvalidInputError(f"layer {layer} was not computed; this generation has layers {self.layers}")
+        return layer_position(self.layers, layer, "generation")
 
     def step_index(self, step: int) -> int:
         if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or not -self.steps <= step < self.steps:

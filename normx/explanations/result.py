@@ -73,11 +73,7 @@ class Explanation:
         raise UnknownTargetError(f"label {label!r} is not in this explanation; it has {self.labels}")
 
     def layer_index(self, layer: int | None = None) -> int:
-        if layer is None:
-            return len(self.layers) - 1
-        if layer in self.layers:
-            return self.layers.index(layer)
-        raise LayerOutOfRangeError(f"layer {layer} was not computed; this explanation has layers {self.layers}")
+        return layer_position(self.layers, layer, "explanation")
 
     def token_scores(self, label: str | int | None = None, layer: int | None = None) -> np.ndarray:
         """Scores of one label (default: the first, i.e. the target) at one layer (default: the last computed)."""
@@ -205,6 +201,16 @@ class Explanation:
             "groups": [list(g) for g in self.groups],
             "diagnostics": _plain(self.diagnostics),
         }
+
+
+def layer_position(layers: list[int], layer: int | None, what: str) -> int:
+    """Where ``layer`` (None: the last computed) is in a result's ``layers``; :class:`LayerOutOfRangeError` naming
+    the layers there are."""
+    if layer is None:
+        return len(layers) - 1
+    if layer in layers:
+        return layers.index(layer)
+    raise LayerOutOfRangeError(f"layer {layer} was not computed; this {what} has layers {layers}")
 
 
 def _floats(values) -> list[float | None]:

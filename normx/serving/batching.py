@@ -18,6 +18,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -57,7 +58,7 @@ class Batcher:
         self._queue: queue.SimpleQueue[_Request] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._start = threading.Lock()
-        self.batches: list[int] = []  # the size of every batch run (for tests and logs; the last 1000)
+        self.batches: deque[int] = deque(maxlen=1000)  # the sizes of the last batches run (for tests and logs)
 
     def explain(self, model, tokenizer, text: str, *, text_pair: str | None = None, tokens: int,
                 **kwargs) -> Explanation:
@@ -100,7 +101,7 @@ class Batcher:
 
     def _run(self, requests: list[_Request]) -> None:
         first = requests[0]
-        self.batches = [*self.batches[-999:], len(requests)]
+        self.batches.append(len(requests))
         try:
             with model_lock(first.model).exclusive():  # expensive work gives way at its next pause
                 results = explain(first.model, first.tokenizer, [r.text for r in requests],

@@ -14,6 +14,8 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
+import numpy as np
+
 from normx import errors
 from normx.core.inputs import check_text, count_tokens
 from normx.explanations.explain import explain
@@ -175,18 +177,16 @@ def _compute(model, tokenizer, model_name: str, text: str, pair: str | None, tok
         explained = [generation.step(t) for t in range(generation.steps)]
         return PageState(model_name, method, kind, pair, [e.text for e in explained], explained,
                          generation.continuation, generation, compare={i: {method: e} for i, e in enumerate(explained)})
+    target = None if kind is not HeadKind.SEQUENCE_CLASSIFICATION else "all"
+    labels = 1 if target is None else max(1, int(getattr(unwrap_model(model).config, "num_labels", 1)))
+    settings = {"method": method, "target": target, "layer": layer, "truncation": "error", **short_passes(method)}
+    if batcher is not None and get_method(method).per_position:
+        def run():
+            return batcher.explain(model, tokenizer, text, text_pair=pair, tokens=tokens, **settings)
     else:
-        target = None if kind is not HeadKind.SEQUENCE_CLASSIFICATION else "all"
-        labels = 1 if target is None else max(1, int(getattr(unwrap_model(model).config, "num_labels", 1)))
-        settings = {"method": method, "target": target, "layer": layer, "truncation": "error",
-                    **short_passes(method)}
-        if batcher is not None and get_method(method).per_position:
-            def run():
-                return batcher.explain(model, tokenizer, text, text_pair=pair, tokens=tokens, **settings)
-        else:
-            def run():
-                return explain(model, tokenizer, text, text_pair=pair, **settings)
-        explanation = gated(gate, model, method, tokens, run, targets=labels)
+        def run():
+            return explain(model, tokenizer, text, text_pair=pair, **settings)
+    explanation = gated(gate, model, method, tokens, run, targets=labels)
     return PageState(model_name, method, kind, pair, [text], [explanation], compare={0: {method: explanation}})
 
 
@@ -217,10 +217,6 @@ def ensure_contrast(state: PageState, cache, step: int, a: str | None, b: str | 
 def _generation_contrast(state: PageState, cache, step: int, a: str, b: str, gate: WorkGate | None) -> Explanation:
     """Generation step ``step`` explained for the vocabulary tokens ``a`` and ``b`` in its place, from the ids the
     model produced before it (one generation per token, the step's prefix then that token)."""
-    from dataclasses import replace
-
-    import numpy as np
-
     model, tokenizer = cache.get(state.model)
     g = state.generation
     p = g.prompt_length + step

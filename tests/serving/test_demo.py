@@ -46,19 +46,24 @@ def cache(folder):
     return cache
 
 
-@pytest.fixture
-def calls(monkeypatch):
-    """Counts ``normx.explain`` calls (the demo calls it through ``normx.serving.session``)."""
+def counted(monkeypatch, real, *targets) -> dict:
+    """``{"n": calls}`` of ``real`` made through any of ``targets`` (module attributes, patched to count)."""
     count = {"n": 0}
-    real = normx.explain
 
     def counting(*args, **kwargs):
         count["n"] += 1
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(session, "explain", counting)
-    monkeypatch.setattr("normx.serving.batching.explain", counting)  # the one-pass requests the server batches
+    for target in targets:
+        monkeypatch.setattr(target, counting)
     return count
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """Counts ``normx.explain`` calls (the demo calls it through ``normx.serving.session``, and the one-pass
+    requests the server batches through ``normx.serving.batching``)."""
+    return counted(monkeypatch, normx.explain, "normx.serving.session.explain", "normx.serving.batching.explain")
 
 
 def values(update):
@@ -253,14 +258,7 @@ def test_causal_lm_continuation(cache, calls, monkeypatch):
     """The demo explains a causal LM's greedy continuation with normx.explain_generation: every step from the ids
     the model produced, in one forward pass; each step is what normx.explain gives on that prefix."""
     model, tokenizer = cache.get("tiny-lm")
-    generations = {"n": 0}
-    real = session.explain_generation
-
-    def counting(*args, **kwargs):
-        generations["n"] += 1
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(session, "explain_generation", counting)
+    generations = counted(monkeypatch, session.explain_generation, "normx.serving.session.explain_generation")
     demo = app.Demo(cache)
     out = demo.explain("tiny-lm", "the film was", "", "normxlogit", 3, "subword", False, [])
     state, step = out[0], out[2]

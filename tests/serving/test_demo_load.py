@@ -47,11 +47,11 @@ FALLBACK = [
 def sentences() -> list[str]:
     from locations import SHARED
 
-    data = os.path.join(SHARED, "sst2", "dev.tsv")
-    if not os.path.isfile(data):
+    from normx.data import glue
+
+    if not os.path.isfile(os.path.join(SHARED, "sst2", "dev.tsv")):
         return FALLBACK
-    with open(data, encoding="utf-8") as handle:
-        rows = [line.split("\t")[0].strip() for line in handle.readlines()[1:]]
+    rows = [e.text.strip() for e in glue.load("sst2", "dev", SHARED)]
     return [r for r in rows if len(r.split()) >= 4][:40]
 
 
