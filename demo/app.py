@@ -22,11 +22,13 @@ import gradio as gr
 
 from normx.serving import server as serving
 from normx.serving import session, views
-from normx.serving.budget import WorkGate
+from normx.serving.lanes import WorkGate
 
 DEFAULT_MODEL = "minilm-sst2"
-CONCURRENCY = 32  # requests served at once; expensive ones (normx.serving.budget.WorkGate) one at a time among them
-CSS = "#normx-prediction {font-size: 1.1em}\n.normx-view .textfield {font-size: 1.05em; line-height: 1.9}\n"
+CONCURRENCY = 32  # requests served at once; expensive ones (normx.serving.lanes.WorkGate) one at a time among them
+CSS = ("#normx-prediction {font-size: 1.1em}\n.normx-view .textfield {font-size: 1.05em; line-height: 1.9}\n"
+       ".normx-compare {margin: 6px 0 16px} .normx-compare .normx-view {font-size: 1.05em; line-height: 2.1}\n"
+       ".normx-compare-title {font-size: 0.85em; color: var(--body-text-color-subdued)}\n")
 HIDDEN = {"value": None, "visible": False}
 
 
@@ -55,8 +57,7 @@ class Demo:
                  batcher: session.Batcher | None = None, results: session.ResultCache | None = None):
         self.cache, self.batcher, self.results = cache, batcher, results  # None: no batching, no answers kept
         self.gate = gate if gate is not None else WorkGate(serving.budget_gflop())
-        self.methods = list(methods if methods is not None else normx.list_methods())
-        self.default_model = default_model
+        self.methods, self.default_model = list(methods if methods is not None else normx.list_methods()), default_model
 
     def on_model_change(self, name: str):
         """Show the second text box and the continuation slider when the (preset) model takes them."""
@@ -73,13 +74,13 @@ class Demo:
         return gr.update(choices=usable), gr.update(choices=usable)
 
     def on_method_change(self, method: str):
-        return gr.update(value=f"*{normx.describe_methods().get(method, '')}*")
+        return f"*{normx.describe_methods().get(method, '')}*"
 
     def explain(self, model_name, text, pair, method, steps, unit, show_special, compare_methods):
+        views.check_view_settings(None, unit, show_special, 0, compare_methods, self.methods)
         state = session.explain_request(self.cache, model_name, text, pair, method, steps, self.gate, self.batcher,
                                         self.results)
-        first = state.steps[0]
-        for warning in first.warnings:
+        for warning in (first := state.steps[0]).warnings:
             gr.Warning(warning)
         top, layered = max(first.layers), len(first.layers) > 1
         slider = gr.update(maximum=max(top, 1), value=top, interactive=layered,
@@ -94,6 +95,7 @@ class Demo:
 
     def on_step(self, state, layer, unit, show_special, step, compare_methods):
         """A causal LM's step picked: its contrast pickers (its top tokens) and a re-render."""
+        views.check_view_settings(layer, unit, show_special, step, compare_methods, self.methods)
         if not state:
             return [state, gr.update(), gr.update(), *self.render(state, layer, unit, show_special, 0, None, None,
                                                                   compare_methods)]
@@ -102,13 +104,16 @@ class Demo:
                                                         compare_methods)]
 
     def on_contrast(self, state, layer, unit, show_special, step, label_a, label_b, compare_methods):
+        views.check_view_settings(layer, unit, show_special, step, compare_methods, self.methods)
         if state:
+            views.check_contrast(state, int(step or 0), label_a, label_b, self._tokenizer(state))
             session.ensure_contrast(state, self.cache, int(step or 0), label_a, label_b, self.gate)
         return [state, *self.render(state, layer, unit, show_special, step, label_a, label_b, compare_methods)]
 
     def on_compare(self, state, layer, unit, show_special, step, label_a, label_b, compare_methods):
         if not state:
             raise gr.Error("explain a text first, then compare methods on it")
+        views.check_view_settings(layer, unit, show_special, step, compare_methods, self.methods)
         for error in session.compare_request(state, self.cache, list(compare_methods or []), int(step or 0),
                                              self.gate):
             gr.Warning(error)
@@ -116,17 +121,16 @@ class Demo:
 
     def render(self, state, layer, unit, show_special, step, label_a, label_b, compare_methods) -> list:
         """Every view from the state (:func:`normx.serving.views.page_view`); never computes an explanation."""
+        views.check_view_settings(layer, unit, show_special, step, compare_methods, self.methods)
         view = views.page_view(state, self._tokenizer(state), layer, unit, show_special, step, label_a, label_b,
                                compare_methods or [])
         labels = [gr.update(value=value, label=title, visible=True) for title, value in view.labels]
         labels += [gr.update(**HIDDEN)] * (views.MAX_LABEL_VIEWS - len(labels))
         contrast = gr.update(**HIDDEN) if view.contrast is None else \
             gr.update(value=view.contrast[1] or None, label=view.contrast[0], visible=True)
-        compared = [gr.update(value=view.compared[m][1], label=view.compared[m][0], visible=True)
-                    if m in view.compared else gr.update(**HIDDEN) for m in self.methods]
-        return [gr.update(value=view.heading), gr.update(value=view.probabilities or None,
-                                                         visible=bool(view.probabilities)),
-                *labels, contrast, *compared]
+        probs = gr.update(value=view.probabilities or None, visible=bool(view.probabilities))  # updates, not values:
+        compared = gr.update(value=views.compare_html(view.compared))  # a value is postprocessed in a worker thread
+        return [gr.update(value=view.heading), probs, *labels, contrast, compared]
 
     def _tokenizer(self, state):
         return None if not state else self.cache.get(state.model)[1]
@@ -142,11 +146,9 @@ class Demo:
 
     def build(self) -> gr.Blocks:
         locked = self.cache.locked
-        presets = normx.list_presets()
-        choices = [m for m in (self.cache.allowed if locked else presets)]
-        if self.default_model not in choices:
-            choices = [self.default_model, *choices]
-        examples = serving.examples(self.cache.allowed if locked else normx.list_presets())
+        offered = list(self.cache.allowed if locked else normx.list_presets())
+        choices = offered if self.default_model in offered else [self.default_model, *offered]
+        examples = serving.examples(offered)
         info = serving.preset_info(self.default_model)
         default_compare = views.default_compare_methods(self.methods)
 
@@ -215,12 +217,9 @@ class Demo:
                                                                    label="Methods (same input, the predicted label)")
                                 compare_button = gr.Button("Compare", scale=0, min_width=120,
                                                            elem_id="normx-compare")
-                            compare_boxes = [gr.HighlightedText(label=m, show_legend=True, visible=False,
-                                                                elem_classes="normx-view",
-                                                                elem_id=f"normx-compare-{m}")
-                                             for m in self.methods]
+                            compared = gr.HTML(views.compare_html({}), label="Compared", elem_id="normx-compared")
 
-            shown = [prediction, probs, *label_boxes, contrast, *compare_boxes]
+            shown = [prediction, probs, *label_boxes, contrast, compared]
             view_inputs = [state, layer, unit, show_special, step]
             compare_inputs = [*view_inputs, contrast_a, contrast_b, compare_methods]
 
@@ -229,18 +228,19 @@ class Demo:
             method.change(_guard(self.on_method_change), method, method_note, queue=False, api_visibility="private")
             explain_inputs = [model, text, pair, method, steps, unit, show_special, compare_methods]
             explain_outputs = [state, layer, step, contrast_a, contrast_b, *shown, method, compare_methods]
-            button.click(_guard(self.explain), explain_inputs, explain_outputs, api_name="explain")
-            text.submit(_guard(self.explain), explain_inputs, explain_outputs, api_visibility="private")
+            raw = {"preprocess": False}  # plain JSON values in, checked by the handlers (fewer steps per event)
+            button.click(_guard(self.explain), explain_inputs, explain_outputs, api_name="explain", **raw)
+            text.submit(_guard(self.explain), explain_inputs, explain_outputs, api_visibility="private", **raw)
             # the slider, the toggles and the compare picks re-render from the state (no forward pass)
             rerender = _guard(self.render)
-            layer.release(rerender, compare_inputs, shown, api_name="render", concurrency_limit=None)  # named first
+            layer.release(rerender, compare_inputs, shown, api_name="render", concurrency_limit=None, **raw)
             for control in (layer, unit, show_special, compare_methods):
-                control.input(rerender, compare_inputs, shown, api_visibility="private", concurrency_limit=None)
+                control.input(rerender, compare_inputs, shown, api_visibility="private", concurrency_limit=None, **raw)
             step.input(_guard(self.on_step), [*view_inputs, compare_methods], [state, contrast_a, contrast_b, *shown],
-                       api_visibility="private")
+                       api_visibility="private", **raw)
             gr.on([contrast_a.input, contrast_b.input], _guard(self.on_contrast), compare_inputs, [state, *shown],
-                  api_visibility="private")
-            compare_button.click(_guard(self.on_compare), compare_inputs, [state, *shown], api_name="compare")
+                  api_visibility="private", **raw)
+            compare_button.click(_guard(self.on_compare), compare_inputs, [state, *shown], api_name="compare", **raw)
         blocks.queue(default_concurrency_limit=CONCURRENCY, max_size=64)  # explain is thread-safe; see the gate
         return blocks
 

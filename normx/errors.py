@@ -59,4 +59,4 @@ class ModelLoadError(NormxError, OSError):
 
 
 class WorkBudgetError(InvalidInputError):
-    """A request whose estimated work is over the budget a server allows (:class:`normx.serving.budget.WorkGate`)."""
+    """A request whose estimated work is over the budget a server allows (:class:`normx.serving.lanes.WorkGate`)."""

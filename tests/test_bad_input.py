@@ -22,7 +22,8 @@ from normx import errors
 from normx.cli.main import main
 from normx.serving import server as serving
 from normx.serving import session
-from normx.serving.budget import WorkGate, estimate_gflop
+from normx.serving.budget import estimate_gflop
+from normx.serving.lanes import WorkGate
 
 app = load_app()
 ZERO_WIDTH = "\u200b\u200c\ufeff"

@@ -4,13 +4,12 @@ Requests for the head-on-top methods (``Method.per_position``: one forward pass 
 ``window_ms`` of each other for the same model, tokenizer, method and settings are explained together: bucketed by
 length under a budget of padded tokens, one :func:`normx.explain` call (one padded forward pass) per bucket, each
 request getting its own :class:`~normx.explanations.result.Explanation` (what it would get alone, up to float
-rounding in the padded batch). A batch holds the model's lock exclusively, so the expensive request running in
-the server's other lane (:class:`normx.serving.budget.WorkGate`: one at a time) gives way at its next pause between
-forward passes (:meth:`normx.core.concurrency.ModelLock.pause`) and the batch has every core while it runs: a
-batch waits at most one pass of expensive work (the server keeps those short: ``PASS_STEPS``), never all of it.
+rounding in the padded batch).
 
-One scheduler thread per :class:`Batcher`, started on first use; nothing else runs in it. It may use more torch
-threads than the server's request threads (``threads``): a batch is short and gets every core while it runs.
+One scheduler thread per :class:`Batcher`, started on first use; nothing else runs in it, with ``threads`` torch
+threads of its own. A batch runs like any other normx call on the model (its lock held shared): it never waits for
+the expensive work of the server's other lane (:class:`normx.serving.lanes.WorkGate`), which gives it the CPU by
+running at a lower OS priority, except for one eager-attention pass, the only work that holds a model exclusively.
 """
 
 from __future__ import annotations
@@ -22,7 +21,6 @@ from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-from normx.core.concurrency import model_lock
 from normx.core.inputs import positive_int, token_budget_batches
 from normx.errors import InvalidInputError, NormxError
 from normx.explanations.explain import explain
@@ -103,10 +101,9 @@ class Batcher:
         first = requests[0]
         self.batches.append(len(requests))
         try:
-            with model_lock(first.model).exclusive():  # expensive work gives way at its next pause
-                results = explain(first.model, first.tokenizer, [r.text for r in requests],
-                                  text_pair=None if first.pair is None else [r.pair for r in requests],
-                                  batch_size=len(requests), **first.kwargs)
+            results = explain(first.model, first.tokenizer, [r.text for r in requests],
+                              text_pair=None if first.pair is None else [r.pair for r in requests],
+                              batch_size=len(requests), **first.kwargs)
         except BaseException as exc:  # the waiting request threads get it
             if len(requests) > 1 and isinstance(exc, NormxError):
                 for request in requests:  # one bad request must not fail the others: each alone

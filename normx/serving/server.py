@@ -133,6 +133,8 @@ class ModelCache:
             self._models[name] = (model, tokenizer)
 
     def check(self, name: str) -> str:
+        if name is not None and not isinstance(name, str):
+            raise errors.InvalidInputError(f"the model must be a name (a string), got {name!r}")
         name = (name or "").strip()
         if not name:
             raise errors.ModelLoadError("no model chosen: pick a preset or give a model folder")
@@ -185,33 +187,63 @@ def input_fields(name: str, locked: bool) -> tuple[bool, bool, str]:
 
 
 BATCH_WINDOW_ENV, BATCH_MAX_ENV = "NORMX_DEMO_BATCH_WINDOW_MS", "NORMX_DEMO_BATCH_MAX"
-HEAVY_ENV = "NORMX_DEMO_HEAVY_SLOTS"
+BATCH_THREADS_ENV = "NORMX_DEMO_BATCH_THREADS"
+HEAVY_ENV, HEAVY_THREADS_ENV, HEAVY_NICE_ENV = ("NORMX_DEMO_HEAVY_SLOTS", "NORMX_DEMO_HEAVY_THREADS",
+                                                "NORMX_DEMO_HEAVY_NICE")
+HEAVY_NICE = 10  # nice values between the expensive lane and the rest of the server (normx.serving.lanes)
+
+
+def available_cores() -> int:
+    """The cores this process may use: its CPU affinity, and its cgroup's CPU quota where one is set (a container,
+    a Space: ``os.cpu_count()`` counts the host's)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as handle:
+            quota, period = handle.read().split()[:2]
+        if quota != "max":
+            cores = min(cores, max(1, -(-int(quota) // int(period))))
+    except (OSError, ValueError):
+        pass
+    return max(1, cores)
+
+
+def env_int(name: str, default: int) -> int:
+    """A whole number from the environment variable ``name`` (``default`` if unset)."""
+    value = os.environ.get(name)
+    if value is None or not value.strip():
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise errors.InvalidInputError(f"${name} must be a whole number, got {value!r}") from None
 
 
 def work_gate(budget: float | None = None):
-    """The demo's :class:`~normx.serving.budget.WorkGate`: ``budget`` GFLOP per request (:func:`budget_gflop`) and
-    ``$NORMX_DEMO_HEAVY_SLOTS`` (default 1) requests at a time in the expensive lane."""
-    from normx.serving.budget import WorkGate
+    """The demo's :class:`~normx.serving.lanes.WorkGate`: ``budget`` GFLOP per request (:func:`budget_gflop`);
+    ``$NORMX_DEMO_HEAVY_SLOTS`` (default 1) requests at a time in the expensive lane, with
+    ``$NORMX_DEMO_HEAVY_THREADS`` torch threads each (default: every core) at ``$NORMX_DEMO_HEAVY_NICE`` (default
+    10) nice values below the rest of the server."""
+    from normx.serving.lanes import WorkGate
 
-    try:
-        slots = int(os.environ.get(HEAVY_ENV, "1"))
-    except ValueError:
-        raise errors.InvalidInputError(f"${HEAVY_ENV} must be a whole number") from None
-    return WorkGate(budget_gflop(budget), heavy_slots=slots)
+    return WorkGate(budget_gflop(budget), heavy_slots=env_int(HEAVY_ENV, 1),
+                    heavy_threads=env_int(HEAVY_THREADS_ENV, available_cores()),
+                    heavy_nice=env_int(HEAVY_NICE_ENV, HEAVY_NICE))
 
 
 def batcher():
     """The demo's :class:`~normx.serving.batching.Batcher`: one-pass requests arriving within
     ``$NORMX_DEMO_BATCH_WINDOW_MS`` (default 10 ms) of each other explained together, at most
-    ``$NORMX_DEMO_BATCH_MAX`` (default 32) a batch."""
+    ``$NORMX_DEMO_BATCH_MAX`` (default 32) a batch, with ``$NORMX_DEMO_BATCH_THREADS`` torch threads (default:
+    every core but one, which the event loop and the request threads need meanwhile: torch's threads slow down
+    several times when one of them has to share its core)."""
     from normx.serving.batching import Batcher
 
     try:
         window = float(os.environ.get(BATCH_WINDOW_ENV, "10"))
-        largest = int(os.environ.get(BATCH_MAX_ENV, "32"))
     except ValueError as exc:
-        raise errors.InvalidInputError(f"${BATCH_WINDOW_ENV} / ${BATCH_MAX_ENV} must be numbers ({exc})") from None
-    return Batcher(window_ms=window, max_batch=largest, threads=os.cpu_count() or 1)
+        raise errors.InvalidInputError(f"${BATCH_WINDOW_ENV} must be a number ({exc})") from None
+    return Batcher(window_ms=window, max_batch=env_int(BATCH_MAX_ENV, 32),
+                   threads=env_int(BATCH_THREADS_ENV, max(1, available_cores() - 1)))
 
 
 def limit_malloc_arenas(arenas: int = 2) -> None:
@@ -243,10 +275,7 @@ def server_process(threads: int | None = None) -> None:
 
     server_logging()
     limit_malloc_arenas()
-    try:
-        threads = int(os.environ.get(THREADS_ENV, "1")) if threads is None else threads
-    except ValueError:
-        raise errors.InvalidInputError(f"${THREADS_ENV} must be a whole number") from None
+    threads = env_int(THREADS_ENV, 1) if threads is None else threads
     if threads < 1:
         raise errors.InvalidInputError(f"torch threads must be at least 1, got {threads}")
     torch.set_num_threads(threads)

@@ -4,11 +4,12 @@ one forward pass for the head-on-top methods), and keep the results in a :class:
 view comes from it without another forward pass.
 
 Plain functions of a model cache (``cache.get(name) -> (model, tokenizer)``) and a
-:class:`~normx.serving.budget.WorkGate`; no web framework.
+:class:`~normx.serving.lanes.WorkGate`; no web framework.
 """
 
 from __future__ import annotations
 
+import numbers
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -25,7 +26,8 @@ from normx.explanations.result import Explanation
 from normx.methods import get_method, list_methods
 from normx.models import HeadKind, get_adapter, unwrap_model
 from normx.serving.batching import Batcher
-from normx.serving.budget import WorkGate, estimate_gflop
+from normx.serving.budget import estimate_gflop
+from normx.serving.lanes import WorkGate
 
 MAX_CHARS = 2000  # per text box
 # rows per forward pass of the methods that run all their rows at once by default (Integrated Gradients' steps):
@@ -88,6 +90,9 @@ def _copy(state: PageState) -> PageState:
 def check_inputs(text: str, pair: str | None, tokenizer) -> tuple[str, str | None, int]:
     """The text, the pair (``None`` if empty) and their token count, after the demo's caps; raises
     :class:`normx.InvalidInputError`."""
+    for name, value in (("text", text), ("second text", pair)):
+        if value is not None and not isinstance(value, str):
+            raise errors.InvalidInputError(f"the {name} must be a string, got {type(value).__name__} {value!r}")
     text = text or ""
     pair = (pair or "").strip() or None
     for name, value in (("text", text), ("second text", pair)):
@@ -146,12 +151,16 @@ def explain_request(cache, model_name: str, text: str, pair: str | None = None,
 
     Classifiers: one explanation with ``target="all"`` (every label) and ``layer="all"``. Vocabulary heads
     (causal / masked LM): one explanation per greedy step of the predicted token (masked LM: the mask token).
-    ``gate``: the server's :class:`normx.serving.budget.WorkGate` (None: no budget); ``batcher``: one-pass
+    ``gate``: the server's :class:`normx.serving.lanes.WorkGate` (None: no budget); ``batcher``: one-pass
     requests of classifiers and masked LMs are explained in batches with the requests that arrive with them
     (:class:`normx.serving.batching.Batcher`); ``results``: the same request again is answered from there.
     """
     if method not in list_methods():
         raise errors.UnknownMethodError(f"unknown method {method!r}; available: {', '.join(list_methods())}")
+    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, numbers.Real)
+                              or not 1 <= steps <= MAX_CONTINUATION):
+        raise errors.InvalidInputError(f"steps (tokens to generate) must be a number from 1 to {MAX_CONTINUATION}, "
+                                       f"got {steps!r}")
     model, tokenizer = cache.get(model_name)
     text, pair, tokens = check_inputs(text, pair, tokenizer)
     key = (model_name, text, pair, method, int(steps or 1))

@@ -6,14 +6,18 @@ and the tests call them directly. :func:`scale_of` is the one scaling rule, shar
 
 from __future__ import annotations
 
+import html
 import math
+import numbers
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from normx.errors import InvalidInputError
 from normx.explanations.display import scale_of
+from normx.explanations.html import colour
 from normx.explanations.result import Explanation
 from normx.methods import get_method
 from normx.models import HeadKind
@@ -29,6 +33,8 @@ LEGEND = (
     "|score| it shows (special tokens excluded); the scale is in the view's title."
 )
 Highlighted = list[tuple[str, float | None]]  # (text, score in [-1, 1] or None) pieces, as gr.HighlightedText takes
+UNITS = ("word", "subword")
+COMPARE_HINT = "Tick methods and press Compare: each one runs once on this input and is kept for every layer."
 
 
 def default_compare_methods(methods: Sequence[str]) -> list[str]:
@@ -222,6 +228,48 @@ def compare_views(state: PageState | None, methods: Sequence[str], layer: int | 
         title = label_title(view, label, tokenizer)
         out[method] = (f"{method} · {title} · {where} · scale {scale:.3g}", highlights(view, row, scale))
     return out
+
+
+def compare_html(compared: dict[str, tuple[str, Highlighted]]) -> str:
+    """The compare tab: one titled highlighted view per compared method (``#normx-compare-<method>``) in the colours
+    of ``gr.HighlightedText``, as one HTML block (one page component however many methods are compared); each
+    unit's score is its tooltip."""
+    if not compared:
+        return f'<p class="normx-compare-hint">{html.escape(COMPARE_HINT)}</p>'
+    out = []
+    for method, (title, pieces) in compared.items():
+        spans = "".join(html.escape(text) if score is None else
+                        f'<span class="normx-unit" style="background:{colour(score, 1.0)};border-radius:4px;'
+                        f'padding:2px 3px" title="{score:+.4f}">{html.escape(text)}</span>' for text, score in pieces)
+        out.append(f'<div class="normx-compare" id="normx-compare-{html.escape(method)}"><div '
+                   f'class="normx-compare-title">{html.escape(title)}</div><div class="normx-view">{spans}</div></div>')
+    return "".join(out)
+
+
+def check_view_settings(layer, unit, show_special, step, compare_methods, methods: Sequence[str]) -> None:
+    """The page's view settings as a browser or an API client sent them (the demo's events take them unprocessed):
+    raises :class:`normx.InvalidInputError` saying what was given and what is allowed."""
+    for name, value in (("layer", layer), ("step", step)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real) or value < 0
+                                  or not math.isfinite(value)):
+            raise InvalidInputError(f"{name} must be a number >= 0, got {value!r}")
+    if unit not in UNITS:
+        raise InvalidInputError(f"unit must be one of {', '.join(UNITS)}, got {unit!r}")
+    if not isinstance(show_special, bool):
+        raise InvalidInputError(f"show_special must be true or false, got {show_special!r}")
+    if compare_methods is not None and (not isinstance(compare_methods, (list, tuple))
+                                        or any(m not in methods for m in compare_methods)):
+        raise InvalidInputError(f"compare_methods must be a list of methods from {', '.join(methods)}, "
+                                f"got {compare_methods!r}")
+
+
+def check_contrast(state: PageState, step: int, a, b, tokenizer=None) -> None:
+    """Raises :class:`normx.InvalidInputError` unless ``a`` and ``b`` are empty or among the step's contrast
+    choices (:func:`contrast_choices`)."""
+    allowed = [value for _, value in contrast_choices(state.steps[min(step, len(state.steps) - 1)], tokenizer)]
+    for name, value in (("label A", a), ("label B", b)):
+        if value not in (None, "") and value not in allowed:
+            raise InvalidInputError(f"{name} must be one of {', '.join(map(str, allowed))}, got {value!r}")
 
 
 @dataclass

@@ -82,7 +82,7 @@ def test_every_method_but_the_one_pass_ones_waits_for_the_expensive_lane():
     """While the expensive lane is busy, a one-pass request runs at once and a gradient request waits."""
     import threading
 
-    from normx.serving.budget import WorkGate
+    from normx.serving.lanes import WorkGate
     from normx.serving.session import gated
 
     model, _ = tiny.build("BertForSequenceClassification")
@@ -106,3 +106,68 @@ def test_every_method_but_the_one_pass_ones_waits_for_the_expensive_lane():
     holder.join(10)
     waiter.join(10)
     assert waited == ["after"]
+
+
+def test_the_expensive_lane_runs_in_its_own_threads_below_the_server():
+    """Expensive work runs in the lane's threads with the lane's torch threads, niced below the caller (Linux);
+    cheap work runs in the caller's thread; errors and the budget reach the caller."""
+    import os
+    import sys
+    import threading
+
+    import torch
+
+    from normx.serving.lanes import WorkGate, lower_thread_priority
+
+    gate = WorkGate(1e6, heavy_threads=2, heavy_nice=5)
+    linux = sys.platform.startswith("linux")
+
+    def where():
+        nice = os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) if linux else None
+        return threading.get_ident(), torch.get_num_threads(), nice
+
+    mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) if linux else None
+    thread, torch_threads, nice = gate.run(1e3, where)  # over cheap_gflop: the lane
+    assert thread != threading.get_ident() and torch_threads == 2
+    if linux:
+        assert nice == min(19, mine + 5)
+        assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == mine  # the caller's is untouched
+    assert gate.run(1.0, where)[0] == threading.get_ident()  # cheap: at once, in the caller's thread
+    assert gate.run(1.0, where, heavy=True)[0] == thread  # heavy whatever the estimate: the lane
+    with pytest.raises(ZeroDivisionError):
+        gate.run(1e3, lambda: 1 / 0)
+    with pytest.raises(normx.WorkBudgetError, match="GFLOP"):
+        gate.run(1e7, where)
+    with pytest.raises(normx.InvalidInputError, match="heavy_nice"):
+        WorkGate(1e6, heavy_nice=20)
+    with pytest.raises(normx.InvalidInputError, match="lowered"):
+        lower_thread_priority(-1)
+
+
+def test_a_batch_does_not_wait_for_expensive_work_on_the_model():
+    """A batch holds the model shared, like the expensive request running in the other lane: it runs meanwhile
+    (the lane gives it the CPU by its lower priority, not by stopping)."""
+    import threading
+
+    from normx.core.concurrency import using
+
+    model, tok = tiny.build("BertForSequenceClassification")
+    batcher = Batcher(window_ms=1)
+    holding, release = threading.Event(), threading.Event()
+
+    def expensive():
+        with using(model):  # a long stretch of work on the model, between two of its passes
+            holding.set()
+            release.wait(30)
+
+    worker = threading.Thread(target=expensive)
+    worker.start()
+    try:
+        holding.wait(10)
+        with ThreadPoolExecutor(1) as pool:
+            done = pool.submit(batcher.explain, model, tok, "a gripping film", tokens=5, method="normxlogit")
+            assert done.result(timeout=30).tokens  # served while the expensive work still holds the model
+        assert worker.is_alive()
+    finally:
+        release.set()
+        worker.join(30)

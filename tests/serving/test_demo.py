@@ -7,6 +7,7 @@ from ``tiny`` registered in the demo's model cache, and the ``minilm-sst2`` pres
 
 from __future__ import annotations
 
+import html
 import re
 
 import numpy as np
@@ -67,7 +68,14 @@ def calls(monkeypatch):
 
 
 def values(update):
-    return update["value"]
+    return update["value"] if isinstance(update, dict) else update  # a gr.update or a plain value
+
+
+def compared(panel) -> dict[str, tuple[str, str]]:
+    """The compare panel's views (its HTML, or an update holding it): method -> (title, text shown)."""
+    found = re.findall(r'<div class="normx-compare" id="normx-compare-([^"]+)"><div class="normx-compare-title">'
+                       r'(.*?)</div><div class="normx-view">(.*?)</div></div>', values(panel))
+    return {m: (html.unescape(title), html.unescape(re.sub(r"<[^>]+>", "", body))) for m, title, body in found}
 
 
 def texts_of(highlighted):
@@ -188,8 +196,7 @@ def test_explain_then_slider_and_toggles_rerender_without_explaining(cache, fold
     assert values(renders[0, "word"][2]) != values(renders[6, "word"][2])
     assert len(scored(values(renders[6, "subword"][2]))) >= len(scored(values(renders[6, "word"][2])))
     # the compare tab shows the main method without another pass
-    compare = renders[3, "word"][-len(demo.methods):]
-    assert compare[demo.methods.index("normxlogit")]["visible"]
+    assert compared(renders[3, "word"][-1]).keys() == {"normxlogit"}
 
 
 def test_methods_come_from_the_registry_at_runtime(cache, folder, monkeypatch, calls):
@@ -225,15 +232,35 @@ def test_compare_methods_side_by_side(cache, folder, calls):
     assert calls["n"] == 1
     out = demo.on_compare(state, 6, "word", False, 0, "positive", "negative", chosen)
     assert calls["n"] == 4  # normxlogit was already computed by the main request
-    boxes = dict(zip(demo.methods, out[-len(demo.methods):]))
-    for method in demo.methods:
-        assert boxes[method]["visible"] == (method in chosen)
-        if method in chosen:
-            assert texts_of(values(boxes[method])) == TEXT and boxes[method]["label"].startswith(method)
-    layer0 = dict(zip(demo.methods, demo.render(state, 0, "word", False, 0, None, None, chosen)[-len(demo.methods):]))
+    panel = compared(out[-1])  # one HTML block: a titled view per compared method, in the order ticked
+    assert list(panel) == chosen
+    for method in chosen:
+        title, text = panel[method]
+        assert text == TEXT and title.startswith(method)
+    layer0 = compared(demo.render(state, 0, "word", False, 0, None, None, chosen)[-1])
     assert calls["n"] == 4
-    assert values(layer0["gradient_x_input"]) == values(boxes["gradient_x_input"])  # no layers: unchanged
-    assert values(layer0["normxlogit"]) != values(boxes["normxlogit"])
+    assert layer0["gradient_x_input"] == panel["gradient_x_input"]  # no layers: unchanged
+    assert layer0["normxlogit"] != panel["normxlogit"]
+    assert views.compare_html({}) == values(demo.render(state, 6, "word", False, 0, None, None, [])[-1])  # the hint
+    assert "press Compare" in views.compare_html({})
+
+
+def test_the_compare_panel_shows_the_views_of_compare_views(cache, folder):
+    """The HTML panel is the highlighted data of views.compare_views: same text, a unit per scored piece, coloured
+    by its score (red +, purple -) with the score as its tooltip."""
+    demo = app.Demo(cache)
+    state = demo.explain(folder, TEXT, "", "normxlogit", 4, "subword", False, ["normxlogit"])[0]
+    data = views.compare_views(state, ["normxlogit"], 6, "subword")
+    panel = views.compare_html(data)
+    pieces = data["normxlogit"][1]
+    spans = re.findall(r'<span class="normx-unit" style="background:([^;]*);[^"]*" title="([^"]*)">([^<]*)</span>',
+                       panel)
+    assert [(html.unescape(text), float(tip)) for _, tip, text in spans] == [(t, s) for t, s in pieces
+                                                                              if s is not None]
+    for background, tip, _ in spans:
+        score = float(tip)
+        assert background == ("transparent" if score == 0 else f"rgba({'239,68,60' if score > 0 else '128,90,213'},"
+                              f"{abs(score):.3f})")
 
 
 def test_pairs_and_three_labels(cache):
@@ -391,7 +418,7 @@ def test_gradio_client_end_to_end(cache, folder, calls):
         assert calls["n"] == 1
         slider, prediction, probs, label0, label1 = out[0], out[4], out[5], out[6], out[7]
         assert slider["value"] == 6
-        assert prediction["value"].startswith("**Prediction:** ")
+        assert values(prediction).startswith("**Prediction:** ")
         assert {c["label"] for c in probs["value"]["confidences"]} == {"negative", "positive"}
         for box in (label0, label1):
             tokens = box["value"]
@@ -404,6 +431,17 @@ def test_gradio_client_end_to_end(cache, folder, calls):
         assert calls["n"] == 1
         with pytest.raises(Exception, match="empty"):
             client.predict(folder, " ", "", "normxlogit", 4, "word", False, [], api_name="/explain")
+        # the events take plain JSON values (no Gradio preprocessing): the handlers check them
+        for bad, match in (((folder, TEXT, "", "normxlogit", 4, "letters", False, []), "unit must be one of"),
+                           ((folder, TEXT, "", "normxlogit", 4, "word", False, ["nope"]), "compare_methods"),
+                           ((folder, TEXT, "", "normxlogit", 99, "word", False, []), "steps"),
+                           ((folder, 5, "", "normxlogit", 4, "word", False, []), "must be a string"),
+                           ((folder, TEXT, "", "nope", 4, "word", False, []), "unknown method")):
+            with pytest.raises(Exception, match=match):
+                client.predict(*bad, api_name="/explain")
+        with pytest.raises(Exception, match="layer must be a number"):
+            client.predict("two", "word", False, 0, "positive", "negative", [], api_name="/render")
+        assert calls["n"] == 1
 
 
 # ---- the offline default preset ------------------------------------------------------------------------------------

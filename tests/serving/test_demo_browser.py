@@ -121,9 +121,14 @@ def test_explain_in_the_browser(page, url, model_name):
     page.get_by_role("tab", name="Compare methods").click()
     page.locator("#normx-compare").click()
     for method in ("normxlogit", "logat", "gradient_x_input"):
-        playwright.expect(page.locator(f"#normx-compare-{method} .score-token").first).to_be_visible()
+        playwright.expect(page.locator(f"#normx-compare-{method} .normx-unit").first).to_be_visible()
         playwright.expect(page.locator(f"#normx-compare-{method}")).to_contain_text(method)
     playwright.expect(page.locator("#normx-compare-gradient_x_input")).to_contain_text("no per-layer scores")
+    units = page.locator("#normx-compare-normxlogit .normx-unit")
+    assert "".join(units.all_inner_texts()).replace(" ", "") == "".join(text.split())  # every unit of the text
+    assert any("rgba(" in (u.get_attribute("style") or "") for u in units.all())  # coloured by score
+    if os.environ.get("NORMX_COMPARE_SCREENSHOT"):
+        page.screenshot(path=os.environ["NORMX_COMPARE_SCREENSHOT"], full_page=True)
 
     # errors are messages in the page; the app goes on serving
     box.fill("")

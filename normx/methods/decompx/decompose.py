@@ -159,6 +159,7 @@ def decompose(model: nn.Module, inputs: dict[str, torch.Tensor], layers: Sequenc
             index = torch.meshgrid(keep, keep, indexing="ij")
             for layer, state in enumerate(propagate(weights, rec, row, include_biases=include_biases,
                                                     bias_rule=bias_rule, chunk_elements=chunk_elements)):
+                pause(base)  # between two layers too: one row's propagation is most of the work
                 if layer in layers:
                     vectors[row, layers.index(layer), keep] = state[:, target]
                 if norms is not None:
