@@ -231,18 +231,20 @@ def work_gate(budget: float | None = None):
 
 
 def batcher():
-    """The demo's :class:`~normx.serving.batching.Batcher`: one-pass requests arriving within
-    ``$NORMX_DEMO_BATCH_WINDOW_MS`` (default 10 ms) of each other explained together, at most
-    ``$NORMX_DEMO_BATCH_MAX`` (default 32) a batch, with ``$NORMX_DEMO_BATCH_THREADS`` torch threads (default:
-    every core but one, which the event loop and the request threads need meanwhile: torch's threads slow down
-    several times when one of them has to share its core)."""
+    """The demo's one-pass lane (:class:`~normx.serving.batching.Batcher`): NormXLogit-like requests run in one
+    scheduler thread with ``$NORMX_DEMO_BATCH_THREADS`` torch threads (default: every core but one, which the event
+    loop and the request threads need meanwhile: torch's threads slow down several times when one of them has to
+    share its core), one at a time by default. ``$NORMX_DEMO_BATCH_MAX`` > 1 explains up to that many requests that
+    arrive within ``$NORMX_DEMO_BATCH_WINDOW_MS`` (default 10 ms) of each other in one padded pass: equal to what
+    each gets alone up to float32 rounding, not bit for bit (a padded batch multiplies differently shaped matrices),
+    and on a 2-core CPU with MiniLM no faster under the crowd of demo/README.md, hence off by default."""
     from normx.serving.batching import Batcher
 
     try:
         window = float(os.environ.get(BATCH_WINDOW_ENV, "10"))
     except ValueError as exc:
         raise errors.InvalidInputError(f"${BATCH_WINDOW_ENV} must be a number ({exc})") from None
-    return Batcher(window_ms=window, max_batch=env_int(BATCH_MAX_ENV, 32),
+    return Batcher(window_ms=window, max_batch=env_int(BATCH_MAX_ENV, 1),
                    threads=env_int(BATCH_THREADS_ENV, max(1, available_cores() - 1)))
 
 
