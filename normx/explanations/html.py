@@ -31,7 +31,9 @@ def colour(value: float, scale: float) -> str:
     return f"rgba({rgb[0]},{rgb[1]},{rgb[2]},{min(abs(value) / scale, 1.0):.3f})"
 
 
-def _span(text: str, value: float, scale: float, special: bool, tip: str) -> str:
+def span(text: str, value: float, scale: float, special: bool = False, tip: str = "") -> str:
+    """One unit as a span coloured by ``value`` on ``scale``, ``tip`` as its tooltip (special tokens small and
+    dashed)."""
     style = f"background:{colour(value, scale)};border-radius:3px;padding:1px 1px"
     if special:
         style += ";font-size:11px;color:#666;border:1px dashed #bbb"
@@ -53,10 +55,10 @@ def highlighted(view, row: np.ndarray, scale: float | None = None) -> str:
             if segment == 1 and cursor[1] == 0 and out:
                 out.append(' <span style="color:#999">‖</span> ')
             out.append(html.escape(texts[segment][cursor[segment]:start]))
-            out.append(_span(texts[segment][start:end], value, scale, False, tip))
+            out.append(span(texts[segment][start:end], value, scale, False, tip))
             cursor[segment] = end
         else:
-            out.append(_span(token, value, scale, True, tip))
+            out.append(span(token, value, scale, True, tip))
     return "".join(out)
 
 

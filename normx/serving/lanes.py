@@ -80,7 +80,6 @@ class WorkGate:
             raise InvalidInputError(f"heavy_nice must be a whole number from 0 to {MAX_NICE}, got {heavy_nice!r}")
         self.budget_gflop = float(budget_gflop)
         self.cheap_gflop = float(cheap_gflop)
-        self.heavy_slots, self.heavy_threads, self.heavy_nice = heavy_slots, heavy_threads, heavy_nice
         self._lane = ThreadPoolExecutor(heavy_slots, thread_name_prefix="normx-expensive", initializer=_lane_thread,
                                         initargs=(heavy_threads, heavy_nice))
 

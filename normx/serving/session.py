@@ -180,7 +180,7 @@ def _compute(model, tokenizer, model_name: str, text: str, pair: str | None, tok
     if kind is HeadKind.CAUSAL_LM:
         if pair is not None:
             raise errors.PairNotSupportedError("a causal LM continues one text: clear the second text box")
-        steps = min(max(1, int(steps or 1)), MAX_CONTINUATION)
+        steps = int(steps or 1)  # checked by explain_request: 1 .. MAX_CONTINUATION
         generation = _gated_generation(gate, model, method, tokens, steps,
                                        lambda: continuation(model, tokenizer, text, method, steps, layer))
         explained = [generation.step(t) for t in range(generation.steps)]

@@ -17,7 +17,7 @@ import numpy as np
 
 from normx.errors import InvalidInputError
 from normx.explanations.display import scale_of
-from normx.explanations.html import colour
+from normx.explanations.html import span
 from normx.explanations.result import Explanation
 from normx.methods import get_method
 from normx.models import HeadKind
@@ -238,9 +238,8 @@ def compare_html(compared: dict[str, tuple[str, Highlighted]]) -> str:
         return f'<p class="normx-compare-hint">{html.escape(COMPARE_HINT)}</p>'
     out = []
     for method, (title, pieces) in compared.items():
-        spans = "".join(html.escape(text) if score is None else
-                        f'<span class="normx-unit" style="background:{colour(score, 1.0)};border-radius:4px;'
-                        f'padding:2px 3px" title="{score:+.4f}">{html.escape(text)}</span>' for text, score in pieces)
+        spans = "".join(html.escape(text) if score is None else span(text, score, 1.0, tip=f"{score:+.4f}")
+                        for text, score in pieces)
         out.append(f'<div class="normx-compare" id="normx-compare-{html.escape(method)}"><div '
                    f'class="normx-compare-title">{html.escape(title)}</div><div class="normx-view">{spans}</div></div>')
     return "".join(out)

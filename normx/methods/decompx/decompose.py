@@ -150,7 +150,6 @@ def decompose(model: nn.Module, inputs: dict[str, torch.Tensor], layers: Sequenc
         norms = torch.zeros(num_layers + 1, batch, tokens, tokens, device=device) if maps else None
         contributions, outputs = [], []
         for row in range(batch):
-            pause(base)  # let a waiting eager-attention pass of another call run
             keep = rec.mask[row].nonzero().flatten()
             where = (keep == pooled[row]).nonzero().flatten()
             if where.numel() == 0:
@@ -159,7 +158,7 @@ def decompose(model: nn.Module, inputs: dict[str, torch.Tensor], layers: Sequenc
             index = torch.meshgrid(keep, keep, indexing="ij")
             for layer, state in enumerate(propagate(weights, rec, row, include_biases=include_biases,
                                                     bias_rule=bias_rule, chunk_elements=chunk_elements)):
-                pause(base)  # between two layers too: one row's propagation is most of the work
+                pause(base)  # between two layers (and rows): let a waiting eager-attention pass of another call run
                 if layer in layers:
                     vectors[row, layers.index(layer), keep] = state[:, target]
                 if norms is not None:
