@@ -61,15 +61,22 @@ _PEFT_MODELS: dict = {}
 
 
 def peft_model(name: str):
+    """The case's model, built once and shared by the tests (which must not change it)."""
     if name not in _PEFT_MODELS:
-        from peft import LoraConfig, get_peft_model
-
-        case_id, kwargs = PEFT_CASES[name]
-        model, tokenizer = build(case_id, fresh=True)
-        config = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, init_lora_weights=False, **kwargs)
-        torch.manual_seed(sum(map(ord, name)))
-        wrapped = get_peft_model(model, config)
-        saved = _perturb_saved_copies(wrapped, sum(map(ord, name)))
-        wrapped.eval()
-        _PEFT_MODELS[name] = (wrapped, tokenizer, tiny.CASE_BY_ID[case_id], saved)
+        _PEFT_MODELS[name] = fresh_peft_model(name)
     return _PEFT_MODELS[name]
+
+
+def fresh_peft_model(name: str):
+    """``(peft model, tokenizer, case, saved wrappers)``, built anew (for tests that change the model), the same
+    weights every time."""
+    from peft import LoraConfig, get_peft_model
+
+    case_id, kwargs = PEFT_CASES[name]
+    model, tokenizer = build(case_id, fresh=True)
+    config = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, init_lora_weights=False, **kwargs)
+    torch.manual_seed(sum(map(ord, name)))
+    wrapped = get_peft_model(model, config)
+    saved = _perturb_saved_copies(wrapped, sum(map(ord, name)))
+    wrapped.eval()
+    return wrapped, tokenizer, tiny.CASE_BY_ID[case_id], saved

@@ -265,6 +265,7 @@ def limit_malloc_arenas(arenas: int = 2) -> None:
 
 
 THREADS_ENV = "NORMX_DEMO_TORCH_THREADS"
+QUEUE_STATS_ENV, QUEUE_STATS_EVERY = "GRADIO_ANALYTICS_CACHE_FREQUENCY", 1000
 
 
 def server_process(threads: int | None = None) -> None:
@@ -272,9 +273,13 @@ def server_process(threads: int | None = None) -> None:
     ``threads`` intra-op threads for torch (default ``$NORMX_DEMO_TORCH_THREADS``, else 1): a server runs many
     requests at once, so it parallelises across them, and an expensive request then holds one core, not all of
     them, while cheap ones are served on the others (OpenMP threads of concurrent requests would also spin against
-    each other)."""
+    each other). Gradio's queue recomputes its statistics summary (pandas over up to 10,000 past events) every
+    ``$GRADIO_ANALYTICS_CACHE_FREQUENCY`` events, by default after every one: 2 ms per event on a fresh server, 9 ms
+    once 10,000 are kept, on a worker thread that holds the GIL; here every :data:`QUEUE_STATS_EVERY` events unless
+    set."""
     import torch
 
+    os.environ.setdefault(QUEUE_STATS_ENV, str(QUEUE_STATS_EVERY))  # read when the queue is made (Blocks.queue)
     server_logging()
     limit_malloc_arenas()
     threads = env_int(THREADS_ENV, 1) if threads is None else threads
@@ -303,9 +308,16 @@ def preset_info(name: str) -> dict:
 
 
 def _load_model(name: str):
+    """A model as the demo serves it: loaded, its PEFT adapters merged where that keeps its outputs (half the
+    operations per pass for the LoRA presets, so every method runs faster; :func:`normx.models.merge_adapters`)."""
+    from normx.models import merge_adapters
     from normx.zoo.loading import load_model
 
-    return load_model(name)
+    model, tokenizer = load_model(name)
+    model, merged = merge_adapters(model, tokenizer)
+    if merged:
+        log.info("%s: adapters merged into the base weights for serving", name)
+    return model, tokenizer
 
 
 def demo_arguments(argv: list[str] | None = None, default_model: str = "minilm-sst2") -> argparse.Namespace:

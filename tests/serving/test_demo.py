@@ -398,6 +398,24 @@ def test_method_pickers_offer_only_what_the_loaded_model_supports():
                                                                  "normxlogit"]
 
 
+@pytest.mark.parametrize("given", [None, "5"])
+def test_server_process_spaces_gradio_queue_statistics(monkeypatch, cache, given):
+    monkeypatch.setenv(serving.QUEUE_STATS_ENV, "placeholder")  # restored (or removed) after the test
+    if given is None:
+        monkeypatch.delenv(serving.QUEUE_STATS_ENV)
+    else:
+        monkeypatch.setenv(serving.QUEUE_STATS_ENV, given)
+    threads = torch.get_num_threads()
+    try:
+        serving.server_process()
+    finally:
+        torch.set_num_threads(threads)
+    expected = serving.QUEUE_STATS_EVERY if given is None else int(given)
+    demo = app.build_demo(cache=cache)
+    # Gradio's own attribute (spelt so in gradio.queueing): if Gradio renames the variable, this fails
+    assert demo._queue.ANAYLTICS_CACHE_FREQUENCY == expected
+
+
 def test_normx_demo_subcommand(capsys):
     from normx.cli import main
 
@@ -460,6 +478,14 @@ def test_default_preset_sentiment():
     assert good[0].steps[0].prediction == "positive" and bad[0].steps[0].prediction == "negative"
     positive = dict(scored(values(good[8])))  # the positive label's view
     assert positive["gripping"] > 0 and positive["beautifully"] > 0
+    served, _ = demo.cache.get("minilm-sst2")  # the LoRA adapter merged into the base (serving._load_model)
+    assert not hasattr(served, "peft_config") and type(served).__name__ == "BertForSequenceClassification"
+    from normx.zoo.loading import load_model
+
+    adapter_model, tokenizer = load_model("minilm-sst2")
+    np.testing.assert_allclose(normx.explain(served, tokenizer, TEXT, target="all", layer="all").scores,
+                               normx.explain(adapter_model, tokenizer, TEXT, target="all", layer="all").scores,
+                               rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.slow
