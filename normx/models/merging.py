@@ -10,6 +10,7 @@ import logging
 
 from normx._torch import torch
 from normx.errors import ModelLoadError
+from normx.models.modules import unwrap_model
 
 log = logging.getLogger(__name__)
 PROBE = "A probe sentence, to check that the merged model gives the logits the adapter model gives."
@@ -18,8 +19,8 @@ RTOL = 1e-4  # of the logits' largest magnitude: float32 merging moves them by ~
 
 def mergeable(model) -> bool:
     """Whether ``model`` is a PEFT model whose adapters peft can merge (LoRA and its kin; not prompt learning)."""
-    if not (hasattr(model, "peft_config") and callable(getattr(model, "merge_adapter", None))):
-        return False
+    if unwrap_model(model) is model or not callable(getattr(model, "merge_adapter", None)):
+        return False  # not a PEFT wrapper, or one whose tuner cannot merge
     config = getattr(model, "active_peft_config", None)
     return not getattr(config, "is_prompt_learning", False)
 
