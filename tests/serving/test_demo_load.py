@@ -1,7 +1,8 @@
 """Load test of the demo as a crowd of visitors hits it: 20 gradio_client clients x 5 mixed requests against one
 server (the scenario of issue #27).
 
-The server is ``python demo/app.py`` in its own process on 127.0.0.1 with the default ``minilm-sst2`` preset. The
+The server is ``python demo/app.py`` in its own process and session (:func:`start_server` says why) on 127.0.0.1
+with the default ``minilm-sst2`` preset. The
 requests are SST-2 dev sentences (the first 40 with at least 4 words; built-in texts without the shared data), mostly
 NormXLogit, some LogAt, Gradient×Input, Integrated Gradients, DecompX and Value Zeroing, each sent with the page's
 default comparison set ticked, as the page sends it. Every distinct request is first made alone, one at a time; then
@@ -11,7 +12,9 @@ made alone (bit for bit with the default one pass per request; within the displa
 Latency percentiles per method, throughput, the wall time and the server's memory high-water (VmHWM) are printed,
 and written as JSON to ``$NORMX_LOAD_REPORT`` if set (the figures in demo/README.md come from there). Then the same
 crowd once more, every answer now in the server's result cache: what the 20 clients and Gradio's queue cost by
-themselves on the machine (``all_cached_seconds``), the floor under the latencies.
+themselves with this app (``all_cached_seconds``); and once more against a Gradio app that answers at once and
+computes nothing (``tests/serving/null_demo.py``): the load generator's own floor on the machine
+(``null_server_seconds``).
 
 With ``NORMX_LOAD_REUSE_TLS=1`` the clients share one TLS context (see :func:`reuse_tls_context`): lighter
 clients on the same cores, to tell the server's latency from the load generator's CPU.
@@ -64,12 +67,35 @@ def sentences() -> list[str]:
 TOLERANCE = 2e-3  # highlighted scores are rounded to 4 decimals on [-1, 1]; the reported bug flipped signs (up to 2)
 
 
-def start_server(port: int) -> subprocess.Popen:
+SAME_SESSION = os.environ.get("NORMX_LOAD_SAME_SESSION") == "1"
+
+
+def start_server(port: int, app=ROOT / "demo" / "app.py") -> subprocess.Popen:
+    """``app`` in a process of its own, in a session of its own (unless ``$NORMX_LOAD_SAME_SESSION=1``), as a
+    server started from its own terminal or by a service manager runs: where Linux schedules by autogroup
+    (:func:`autogroup_scheduling`, on here) a session is a CPU group, and the groups share the cores evenly. In the
+    test's own session the server's few threads would compete with the 20 client threads one thread against one
+    thread, a contest that visitors on their own machines never enter."""
     env = dict(os.environ, GRADIO_ANALYTICS_ENABLED="False", PYTHONUNBUFFERED="1")
     env.pop("SPACE_ID", None)
     env.pop("NORMX_DEMO_LOCKED", None)
-    return subprocess.Popen([sys.executable, str(ROOT / "demo" / "app.py"), "--host", "127.0.0.1", "--port",
-                             str(port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen([sys.executable, str(app), "--host", "127.0.0.1", "--port", str(port)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=not SAME_SESSION)
+
+
+def autogroup_scheduling() -> bool | None:
+    """Whether the kernel shares CPU time by session first (``kernel.sched_autogroup_enabled``; None: unknown)."""
+    try:
+        with open("/proc/sys/kernel/sched_autogroup_enabled") as handle:
+            return handle.read().strip() == "1"
+    except OSError:
+        return None
+
+
+def stop(server: subprocess.Popen) -> None:
+    server.terminate()
+    server.wait(30)
 
 
 def client_for(url: str):
@@ -133,8 +159,7 @@ def answers_alone(keys) -> tuple[dict, dict]:
             seconds[key] = time.perf_counter() - start
         return alone, seconds
     finally:
-        server.terminate()
-        server.wait(30)
+        stop(server)
 
 
 def reuse_tls_context(monkeypatch) -> None:
@@ -146,6 +171,47 @@ def reuse_tls_context(monkeypatch) -> None:
 
     shared = transports.create_ssl_context()
     monkeypatch.setattr(transports, "create_ssl_context", lambda *args, **kwargs: shared)
+
+
+def run_crowd(clients, plans) -> tuple[list, float]:
+    """Each client sends its plan's requests one after another, all clients at once: (key, answer, error, seconds)
+    per request, and the wall time."""
+    barrier = threading.Barrier(len(clients))
+
+    def session(index):
+        barrier.wait()
+        out = []
+        for key in plans[index]:
+            start = time.perf_counter()
+            try:
+                answer, error = views(ask(clients[index], *key)), None
+            except Exception as exc:  # counted as not served
+                answer, error = None, f"{type(exc).__name__}: {exc}"
+            out.append((key, answer, error, time.perf_counter() - start))
+        return out
+
+    began = time.perf_counter()
+    with ThreadPoolExecutor(len(clients)) as pool:
+        results = [r for chunk in pool.map(session, range(len(clients))) for r in chunk]
+    return results, time.perf_counter() - began
+
+
+def percentiles(seconds) -> dict:
+    return {"p50": round(float(np.percentile(seconds, 50)), 3), "p95": round(float(np.percentile(seconds, 95)), 3)}
+
+
+def null_server_crowd(plans) -> list:
+    """The same crowd against :mod:`null_demo` (answers at once, computes nothing): the load generator's floor."""
+    port = free_port()
+    server = start_server(port, ROOT / "tests" / "serving" / "null_demo.py")
+    try:
+        url = f"http://127.0.0.1:{port}/"
+        results, _ = run_crowd([client_for(url) for _ in range(CLIENTS)], plans)
+    finally:
+        stop(server)
+    if failed := [error for *_, error, _ in results if error is not None]:
+        raise AssertionError(f"the null server did not serve {len(failed)} requests: {failed[:3]}")
+    return results
 
 
 def test_twenty_clients_get_what_one_gets_alone(monkeypatch):
@@ -164,34 +230,16 @@ def test_twenty_clients_get_what_one_gets_alone(monkeypatch):
         clients = [client_for(url) for _ in range(CLIENTS)]
         for method in METHODS:  # a server in its steady state: each method has run once (on a text not asked)
             ask(clients[0], method, "a warm-up sentence that no visitor sends")
-        barrier = threading.Barrier(CLIENTS)
-
-        def session(index):
-            barrier.wait()
-            out = []
-            for key in plans[index]:
-                start = time.perf_counter()
-                try:
-                    answer, error = views(ask(clients[index], *key)), None
-                except Exception as exc:  # counted as not served
-                    answer, error = None, f"{type(exc).__name__}: {exc}"
-                out.append((key, answer, error, time.perf_counter() - start))
-            return out
-
-        began, server_cpu, client_cpu = time.perf_counter(), cpu_seconds(server.pid), time.process_time()
-        with ThreadPoolExecutor(CLIENTS) as pool:
-            results = [r for chunk in pool.map(session, range(CLIENTS)) for r in chunk]
-        wall = time.perf_counter() - began
+        server_cpu, client_cpu = cpu_seconds(server.pid), time.process_time()
+        results, wall = run_crowd(clients, plans)
         server_cpu, client_cpu = cpu_seconds(server.pid) - server_cpu, time.process_time() - client_cpu
         memory = high_water_mb(server.pid)
         # the same crowd again: every answer is now in the server's result cache, so this is what the clients and
-        # Gradio's queue cost by themselves on this machine (the floor under the latencies above)
-        barrier = threading.Barrier(CLIENTS)
-        with ThreadPoolExecutor(CLIENTS) as pool:
-            cached = [r for chunk in pool.map(session, range(CLIENTS)) for r in chunk]
+        # Gradio's queue cost by themselves on this machine with this app (nothing left to compute)
+        cached, _ = run_crowd(clients, plans)
     finally:
-        server.terminate()
-        server.wait(30)
+        stop(server)
+    floor = null_server_crowd(plans)
 
     failed = [(key, error) for key, _, error, _ in results if error is not None]
     different = [key for key, answer, error, _ in results if error is None and differs(answer, alone[key])]
@@ -206,13 +254,14 @@ def test_twenty_clients_get_what_one_gets_alone(monkeypatch):
         "alone_seconds_sum": round(sum(alone_seconds[key] for key, *_ in results), 1),  # the same work, one by one
         "server_vmhwm_mb": round(memory, 1), "server_cpu_seconds": round(server_cpu, 1),
         "clients_cpu_seconds": round(client_cpu, 1),
-        "latency_seconds": {m: {"n": len(v), "p50": round(float(np.percentile(v, 50)), 3),
-                                "p95": round(float(np.percentile(v, 95)), 3),
+        "latency_seconds": {m: {"n": len(v), **percentiles(v),
                                 "alone_p50": round(float(np.median([s for (mm, _), s in alone_seconds.items()
                                                                     if mm == m])), 3)}
                             for m, v in latency.items() if v},
-        "all_cached_seconds": {"p50": round(float(np.percentile([r[3] for r in cached], 50)), 3),
-                               "p95": round(float(np.percentile([r[3] for r in cached], 95)), 3)},
+        "all_cached_seconds": percentiles([r[3] for r in cached]),
+        "null_server_seconds": {"all": percentiles([r[3] for r in floor]),
+                                "normxlogit": percentiles([r[3] for r in floor if r[0][0] == "normxlogit"])},
+        "server_in_own_session": not SAME_SESSION, "autogroup_scheduling": autogroup_scheduling(),
     }
     print(json.dumps(report, indent=1))
     if os.environ.get("NORMX_LOAD_REPORT"):
