@@ -111,6 +111,12 @@ def client_for(url: str):
             time.sleep(1)
 
 
+def close(clients) -> None:
+    """Stop the clients' heartbeat threads (each holds a stream open to its server)."""
+    for client in clients:
+        client.close()
+
+
 def ask(client, method: str, text: str):
     return client.predict("minilm-sst2", text, "", method, 1, "subword", False, COMPARE, api_name="/explain")
 
@@ -157,6 +163,7 @@ def answers_alone(keys) -> tuple[dict, dict]:
             start = time.perf_counter()
             alone[key] = views(ask(client, *key))
             seconds[key] = time.perf_counter() - start
+        close([client])
         return alone, seconds
     finally:
         stop(server)
@@ -205,8 +212,9 @@ def null_server_crowd(plans) -> list:
     port = free_port()
     server = start_server(port, ROOT / "tests" / "serving" / "null_demo.py")
     try:
-        url = f"http://127.0.0.1:{port}/"
-        results, _ = run_crowd([client_for(url) for _ in range(CLIENTS)], plans)
+        clients = [client_for(f"http://127.0.0.1:{port}/") for _ in range(CLIENTS)]
+        results, _ = run_crowd(clients, plans)
+        close(clients)
     finally:
         stop(server)
     if failed := [error for *_, error, _ in results if error is not None]:
@@ -237,6 +245,7 @@ def test_twenty_clients_get_what_one_gets_alone(monkeypatch):
         # the same crowd again: every answer is now in the server's result cache, so this is what the clients and
         # Gradio's queue cost by themselves on this machine with this app (nothing left to compute)
         cached, _ = run_crowd(clients, plans)
+        close(clients)
     finally:
         stop(server)
     floor = null_server_crowd(plans)
