@@ -29,6 +29,7 @@ import os
 import random
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -79,9 +80,11 @@ def start_server(port: int, app=ROOT / "demo" / "app.py") -> subprocess.Popen:
     env = dict(os.environ, GRADIO_ANALYTICS_ENABLED="False", PYTHONUNBUFFERED="1")
     env.pop("SPACE_ID", None)
     env.pop("NORMX_DEMO_LOCKED", None)
-    return subprocess.Popen([sys.executable, str(app), "--host", "127.0.0.1", "--port", str(port)], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=not SAME_SESSION)
+    log = tempfile.TemporaryFile()  # a file, not a pipe nobody reads: a talkative server never blocks on it
+    server = subprocess.Popen([sys.executable, str(app), "--host", "127.0.0.1", "--port", str(port)], env=env,
+                              stdout=subprocess.DEVNULL, stderr=log, start_new_session=not SAME_SESSION)
+    server.log = log
+    return server
 
 
 def autogroup_scheduling() -> bool | None:
@@ -96,16 +99,23 @@ def autogroup_scheduling() -> bool | None:
 def stop(server: subprocess.Popen) -> None:
     server.terminate()
     server.wait(30)
+    server.log.close()
 
 
-def client_for(url: str):
+def client_for(server: subprocess.Popen, port: int):
+    """A client of the server on ``port`` once it answers (an error with its log's end if it exits first)."""
     from gradio_client import Client
 
     deadline = time.time() + 180
     while True:
         try:
-            return Client(url, verbose=False, download_files=False)
+            return Client(f"http://127.0.0.1:{port}/", verbose=False, download_files=False)
         except Exception:
+            if server.poll() is not None:
+                server.log.seek(0)
+                tail = server.log.read().decode(errors="replace")[-3000:]
+                raise RuntimeError(f"the server exited with {server.returncode} before it answered:\n{tail}") \
+                    from None
             if time.time() > deadline:
                 raise
             time.sleep(1)
@@ -157,7 +167,7 @@ def answers_alone(keys) -> tuple[dict, dict]:
     port = free_port()
     server = start_server(port)
     try:
-        client = client_for(f"http://127.0.0.1:{port}/")
+        client = client_for(server, port)
         alone, seconds = {}, {}
         for key in keys:
             start = time.perf_counter()
@@ -212,7 +222,7 @@ def null_server_crowd(plans) -> list:
     port = free_port()
     server = start_server(port, ROOT / "tests" / "serving" / "null_demo.py")
     try:
-        clients = [client_for(f"http://127.0.0.1:{port}/") for _ in range(CLIENTS)]
+        clients = [client_for(server, port) for _ in range(CLIENTS)]
         results, _ = run_crowd(clients, plans)
         close(clients)
     finally:
@@ -234,8 +244,7 @@ def test_twenty_clients_get_what_one_gets_alone(monkeypatch):
     port = free_port()
     server = start_server(port)
     try:
-        url = f"http://127.0.0.1:{port}/"
-        clients = [client_for(url) for _ in range(CLIENTS)]
+        clients = [client_for(server, port) for _ in range(CLIENTS)]
         for method in METHODS:  # a server in its steady state: each method has run once (on a text not asked)
             ask(clients[0], method, "a warm-up sentence that no visitor sends")
         server_cpu, client_cpu = cpu_seconds(server.pid), time.process_time()
