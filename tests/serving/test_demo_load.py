@@ -1,7 +1,7 @@
 """Load test of the demo as a crowd of visitors hits it: 20 gradio_client clients x 5 mixed requests against one
 server (the scenario of issue #27).
 
-The server is ``python demo/app.py`` in its own process and session (:func:`start_server` says why) on 127.0.0.1
+The server is ``python demo/app.py`` in its own process and session (:func:`served` says why) on 127.0.0.1
 with the default ``minilm-sst2`` preset. The
 requests are SST-2 dev sentences (the first 40 with at least 4 words; built-in texts without the shared data), mostly
 NormXLogit, some LogAt, Gradient×Input, Integrated Gradients, DecompX and Value Zeroing, each sent with the page's
@@ -33,6 +33,7 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -71,8 +72,14 @@ TOLERANCE = 2e-3  # highlighted scores are rounded to 4 decimals on [-1, 1]; the
 SAME_SESSION = os.environ.get("NORMX_LOAD_SAME_SESSION") == "1"
 
 
-def start_server(port: int, app=ROOT / "demo" / "app.py") -> subprocess.Popen:
-    """``app`` in a process of its own, in a session of its own (unless ``$NORMX_LOAD_SAME_SESSION=1``), as a
+DEMO = ROOT / "demo" / "app.py"
+
+
+@contextmanager
+def served(app=DEMO, clients: int = 1):
+    """``app`` started on a free port and ``clients`` gradio_client clients of it; both closed on the way out.
+
+    The app runs in a process of its own, in a session of its own (unless ``$NORMX_LOAD_SAME_SESSION=1``), as a
     server started from its own terminal or by a service manager runs: where Linux schedules by autogroup
     (:func:`autogroup_scheduling`, on here) a session is a CPU group, and the groups share the cores evenly. In the
     test's own session the server's few threads would compete with the 20 client threads one thread against one
@@ -80,11 +87,20 @@ def start_server(port: int, app=ROOT / "demo" / "app.py") -> subprocess.Popen:
     env = dict(os.environ, GRADIO_ANALYTICS_ENABLED="False", PYTHONUNBUFFERED="1")
     env.pop("SPACE_ID", None)
     env.pop("NORMX_DEMO_LOCKED", None)
-    log = tempfile.TemporaryFile()  # a file, not a pipe nobody reads: a talkative server never blocks on it
-    server = subprocess.Popen([sys.executable, str(app), "--host", "127.0.0.1", "--port", str(port)], env=env,
-                              stdout=subprocess.DEVNULL, stderr=log, start_new_session=not SAME_SESSION)
-    server.log = log
-    return server
+    port = free_port()
+    with tempfile.TemporaryFile() as log:  # a file, not a pipe nobody reads: a talkative server never blocks on it
+        server = subprocess.Popen([sys.executable, str(app), "--host", "127.0.0.1", "--port", str(port)], env=env,
+                                  stdout=subprocess.DEVNULL, stderr=log, start_new_session=not SAME_SESSION)
+        made = []
+        try:
+            for _ in range(clients):
+                made.append(client_for(server, port, log))
+            yield server, made
+        finally:
+            for client in made:
+                client.close()  # its heartbeat thread holds a stream open to the server
+            server.terminate()
+            server.wait(30)
 
 
 def autogroup_scheduling() -> bool | None:
@@ -96,14 +112,9 @@ def autogroup_scheduling() -> bool | None:
         return None
 
 
-def stop(server: subprocess.Popen) -> None:
-    server.terminate()
-    server.wait(30)
-    server.log.close()
-
-
-def client_for(server: subprocess.Popen, port: int):
-    """A client of the server on ``port`` once it answers (an error with its log's end if it exits first)."""
+def client_for(server: subprocess.Popen, port: int, log):
+    """A client of the server on ``port`` once it answers (an error with the end of its ``log`` if it exits
+    first)."""
     from gradio_client import Client
 
     deadline = time.time() + 180
@@ -112,19 +123,13 @@ def client_for(server: subprocess.Popen, port: int):
             return Client(f"http://127.0.0.1:{port}/", verbose=False, download_files=False)
         except Exception:
             if server.poll() is not None:
-                server.log.seek(0)
-                tail = server.log.read().decode(errors="replace")[-3000:]
+                log.seek(0)
+                tail = log.read().decode(errors="replace")[-3000:]
                 raise RuntimeError(f"the server exited with {server.returncode} before it answered:\n{tail}") \
                     from None
             if time.time() > deadline:
                 raise
             time.sleep(1)
-
-
-def close(clients) -> None:
-    """Stop the clients' heartbeat threads (each holds a stream open to its server)."""
-    for client in clients:
-        client.close()
 
 
 def ask(client, method: str, text: str):
@@ -164,19 +169,13 @@ def high_water_mb(pid: int) -> float:
 def answers_alone(keys) -> tuple[dict, dict]:
     """Every distinct request made alone, one at a time, on a server of its own (so that nothing the crowd's server
     computes or keeps comes from these)."""
-    port = free_port()
-    server = start_server(port)
-    try:
-        client = client_for(server, port)
-        alone, seconds = {}, {}
+    alone, seconds = {}, {}
+    with served() as (_, (client,)):
         for key in keys:
             start = time.perf_counter()
             alone[key] = views(ask(client, *key))
             seconds[key] = time.perf_counter() - start
-        close([client])
-        return alone, seconds
-    finally:
-        stop(server)
+    return alone, seconds
 
 
 def reuse_tls_context(monkeypatch) -> None:
@@ -219,14 +218,8 @@ def percentiles(seconds) -> dict:
 
 def null_server_crowd(plans) -> list:
     """The same crowd against :mod:`null_demo` (answers at once, computes nothing): the load generator's floor."""
-    port = free_port()
-    server = start_server(port, ROOT / "tests" / "serving" / "null_demo.py")
-    try:
-        clients = [client_for(server, port) for _ in range(CLIENTS)]
+    with served(ROOT / "tests" / "serving" / "null_demo.py", CLIENTS) as (_, clients):
         results, _ = run_crowd(clients, plans)
-        close(clients)
-    finally:
-        stop(server)
     if failed := [error for *_, error, _ in results if error is not None]:
         raise AssertionError(f"the null server did not serve {len(failed)} requests: {failed[:3]}")
     return results
@@ -241,10 +234,7 @@ def test_twenty_clients_get_what_one_gets_alone(monkeypatch):
     plans = [[(rng.choices(METHODS, weights=list(MIX.values()))[0], rng.choice(texts)) for _ in range(REQUESTS)]
              for _ in range(CLIENTS)]
     alone, alone_seconds = answers_alone(dict.fromkeys(key for plan in plans for key in plan))
-    port = free_port()
-    server = start_server(port)
-    try:
-        clients = [client_for(server, port) for _ in range(CLIENTS)]
+    with served(DEMO, CLIENTS) as (server, clients):
         for method in METHODS:  # a server in its steady state: each method has run once (on a text not asked)
             ask(clients[0], method, "a warm-up sentence that no visitor sends")
         server_cpu, client_cpu = cpu_seconds(server.pid), time.process_time()
@@ -254,9 +244,6 @@ def test_twenty_clients_get_what_one_gets_alone(monkeypatch):
         # the same crowd again: every answer is now in the server's result cache, so this is what the clients and
         # Gradio's queue cost by themselves on this machine with this app (nothing left to compute)
         cached, _ = run_crowd(clients, plans)
-        close(clients)
-    finally:
-        stop(server)
     floor = null_server_crowd(plans)
 
     failed = [(key, error) for key, _, error, _ in results if error is not None]
@@ -273,8 +260,7 @@ def test_twenty_clients_get_what_one_gets_alone(monkeypatch):
         "server_vmhwm_mb": round(memory, 1), "server_cpu_seconds": round(server_cpu, 1),
         "clients_cpu_seconds": round(client_cpu, 1),
         "latency_seconds": {m: {"n": len(v), **percentiles(v),
-                                "alone_p50": round(float(np.median([s for (mm, _), s in alone_seconds.items()
-                                                                    if mm == m])), 3)}
+                                "alone_p50": percentiles([s for (mm, _), s in alone_seconds.items() if mm == m])["p50"]}
                             for m, v in latency.items() if v},
         "all_cached_seconds": percentiles([r[3] for r in cached]),
         "null_server_seconds": {"all": percentiles([r[3] for r in floor]),
