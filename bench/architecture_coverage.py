@@ -61,8 +61,12 @@ def markdown(rows: list[dict], summary: dict) -> str:
         "architecture transformers lists as a causal LM, a masked LM or a sequence classifier, built tiny from its "
         "own default config (2 layers, hidden size 64, vocabulary 512): **verified** means its adapter (registered "
         "or discovered from its conventions) reproduced the model's own `hidden_states[0]`, block outputs and "
-        "logits, and NormXLogit equals a reference read from the model's own forward pass (the figure in the "
-        "last column: the largest difference as a fraction of the reference's scale); **refused** gives the "
+        "logits, and NormXLogit as a user gets it (`normx.explain` on two texts of different lengths, in one "
+        "padded batch, through a word-level tokenizer) equals a reference read from the model as its user runs it: "
+        "the plain `model(**tokenizer(text))` of each text alone, ‖hidden_states[0]‖ × its logits (the figure in "
+        "the last column: the largest difference as a fraction of the reference's scale); a model that can be a "
+        "decoder or not (RoBERTa-family `*ForCausalLM`, XLM's `XLMWithLMHeadModel`) is built as one under the "
+        "causal-LM head (`is_decoder` / `causal`), as its real checkpoints are; **refused** gives the "
         "reason normx refuses it; *transformers fails* means transformers itself cannot build or run the shrunk "
         "config (listed, not counted).",
         "",

@@ -6,8 +6,9 @@
   first two of each shared BLiMP file that has them, in file-name order (12 from the 6 files that have them).
 
 Greedy generation of 6 tokens after each prompt; every step explained by NormXLogit, Gradient×Input, Integrated
-Gradients (16 steps) and random; per step the top-K % of the tokens before the generated one deleted (and only them
-kept), the drop in the generated token's probability, AOPC over K = 10 ... 90 %
+Gradients (16 steps), attention weights (mean over heads and blocks), norm-based attention (summed over blocks),
+the recency baseline (later tokens first) and random; per step the top-K % of the tokens before the generated one
+deleted (and only them kept), the drop in the generated token's probability, AOPC over K = 10 ... 90 %
 (:func:`normx.evaluation.generation.generation_faithfulness`).
 
     python bench/generation_faithfulness.py [DATA_DIR]   # default ../shared/data; writes docs/results/generation/
@@ -22,10 +23,12 @@ from pathlib import Path
 
 import normx
 from normx.data import glue
-from normx.evaluation.generation import generation_faithfulness
+from normx.evaluation.generation import DEFAULT_METHODS, generation_faithfulness
 
 ROOT = Path(__file__).resolve().parents[1]
 INSTRUCTION = "Review: {sentence}\nIs this review positive or negative? Answer:"
+# normxlogit, gradient_x_input, integrated_gradients, attention, norm_attention, recency, random
+METHODS = DEFAULT_METHODS
 
 
 def prompts(data: Path) -> list[str]:
@@ -43,7 +46,7 @@ def main() -> int:
     model, tokenizer = normx.load_model("smollm2")
     chosen = prompts(data)
     started = time.time()
-    report = generation_faithfulness(model, tokenizer, chosen, max_new_tokens=6,
+    report = generation_faithfulness(model, tokenizer, chosen, METHODS, max_new_tokens=6,
                                      method_options={"integrated_gradients": {"n_steps": 16}})
     seconds = round(time.time() - started)
     out = ROOT / "docs" / "results" / "generation"

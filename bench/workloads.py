@@ -174,10 +174,8 @@ def texts_of_length(tokenizer, length: int, count: int, pair: bool = False
 def encoded_batch(model, tokenizer, texts: list[str], pairs: list[str] | None) -> dict[str, torch.Tensor]:
     """The batch ``normx.explain`` builds for these texts, on the model's device."""
     base = normx.models.unwrap_model(model)
-    adapter = normx.models.get_adapter(model)
     items = encode(tokenizer, texts, pairs, max_length=10**6, truncation="error")
-    return collate(items, pad_token_id(tokenizer), adapter.padding_side(tokenizer), next(base.parameters()).device,
-                   position_ids=adapter.decoder)
+    return collate(items, pad_token_id(tokenizer), next(base.parameters()).device)
 
 
 # ---- the timed calls ---------------------------------------------------------------------------------------------

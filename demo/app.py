@@ -26,9 +26,7 @@ from normx.serving.lanes import WorkGate
 
 DEFAULT_MODEL = "minilm-sst2"
 CONCURRENCY = 32  # requests served at once; expensive ones (normx.serving.lanes.WorkGate) one at a time among them
-CSS = ("#normx-prediction {font-size: 1.1em}\n.normx-view .textfield {font-size: 1.05em; line-height: 1.9}\n"
-       ".normx-compare {margin: 6px 0 16px} .normx-compare .normx-view {font-size: 1.05em; line-height: 2.1}\n"
-       ".normx-compare-title {font-size: 0.85em; color: var(--body-text-color-subdued)}\n")
+ERROR_SECONDS = 12  # an error message closes by itself: it never stays over the next good result
 HIDDEN = {"value": None, "visible": False}
 
 
@@ -40,11 +38,12 @@ def _guard(fn):
             return fn(*args, **kwargs)
         except gr.Error:
             raise
-        except normx.NormxError as exc:
-            raise gr.Error(str(exc) or type(exc).__name__, print_exception=False) from None
-        except Exception as exc:  # anything else: show it, log it, keep serving
-            serving.log.exception("demo handler failed")
-            raise gr.Error(f"{type(exc).__name__}: {str(exc) or type(exc).__name__}") from None
+        except Exception as exc:  # a user's error is a message in the page's words; anything else is logged too
+            known = isinstance(exc, normx.NormxError)
+            if not known:
+                serving.log.exception("demo handler failed")
+            message = views.page_message(str(exc) or type(exc).__name__) if known else f"{type(exc).__name__}: {exc}"
+            raise gr.Error(message, duration=ERROR_SECONDS, print_exception=not known) from None
 
     return wrapper
 
@@ -76,11 +75,12 @@ class Demo:
     def on_method_change(self, method: str):
         return f"*{normx.describe_methods().get(method, '')}*"
 
-    def explain(self, model_name, text, pair, method, steps, unit, show_special, compare_methods):
+    def explain(self, model_name, text, pair, method, steps, unit, show_special, compare_methods,
+                progress=gr.Progress()):  # noqa: B008 (Gradio's way of asking for a progress bar)
         views.check_view_settings(None, unit, show_special, 0, compare_methods, self.methods)
         state = session.explain_request(self.cache, model_name, text, pair, method, steps, self.gate, self.batcher,
-                                        self.results)
-        for warning in (first := state.steps[0]).warnings:
+                                        self.results, loading=progress)
+        for warning in [*state.notices, *(first := state.steps[0]).warnings]:
             gr.Warning(warning)
         top, layered = max(first.layers), len(first.layers) > 1
         slider = gr.update(maximum=max(top, 1), value=top, interactive=layered,
@@ -124,10 +124,9 @@ class Demo:
         views.check_view_settings(layer, unit, show_special, step, compare_methods, self.methods)
         view = views.page_view(state, self._tokenizer(state), layer, unit, show_special, step, label_a, label_b,
                                compare_methods or [])
-        labels = [gr.update(value=value, label=title, visible=True) for title, value in view.labels]
+        labels = [gr.update(value=views.view_html(label), visible=True) for label in view.labels]
         labels += [gr.update(**HIDDEN)] * (views.MAX_LABEL_VIEWS - len(labels))
-        contrast = gr.update(**HIDDEN) if view.contrast is None else \
-            gr.update(value=view.contrast[1] or None, label=view.contrast[0], visible=True)
+        contrast = gr.update(value=views.view_html(view.contrast))
         probs = gr.update(value=view.probabilities or None, visible=bool(view.probabilities))  # updates, not values:
         compared = gr.update(value=views.compare_html(view.compared))  # a value is postprocessed in a worker thread
         return [gr.update(value=view.heading), probs, *labels, contrast, compared]
@@ -170,10 +169,12 @@ class Demo:
                                              else self.methods[0], label="Method", scale=2, elem_id="normx-method")
                     model_note = gr.Markdown(f"*{info['description']}*" if info["description"] else "")
                     method_note = gr.Markdown(f"*{normx.describe_methods().get('normxlogit', '')}*")
-                    text = gr.Textbox(label="Text", lines=2, max_length=session.MAX_CHARS, elem_id="normx-text",
+                    text = gr.Textbox(label="Text", lines=2, elem_id="normx-text",
+                                      info=f"up to {session.MAX_CHARS:,} characters and {session.MAX_TOKENS} tokens "
+                                           "are explained; a longer text is cut (the page says where)",
                                       placeholder="A sentence (the premise for sentence-pair models, a prompt for LMs)")
                     pair = gr.Textbox(label="Second text", info="sentence-pair models (NLI, STS-B): the hypothesis "
-                                      "or second sentence", value="", lines=1, max_length=session.MAX_CHARS,
+                                      "or second sentence", value="", lines=1,
                                       elem_id="normx-pair",
                                       visible=info["inputs"] != "single" and info["task"] != "causal-lm")
                     steps = gr.Slider(1, session.MAX_CONTINUATION, value=session.DEFAULT_CONTINUATION, step=1,
@@ -199,9 +200,7 @@ class Demo:
                     gr.Markdown(views.LEGEND)
                     with gr.Tabs():
                         with gr.Tab("Per label"):
-                            label_boxes = [gr.HighlightedText(label=f"label {i + 1}", show_legend=True,
-                                                              visible=False, combine_adjacent=False,
-                                                              elem_classes="normx-view", elem_id=f"normx-label-{i}")
+                            label_boxes = [gr.HTML(label=f"label {i + 1}", visible=False, elem_id=f"normx-label-{i}")
                                            for i in range(views.MAX_LABEL_VIEWS)]
                         with gr.Tab("Contrast"):
                             with gr.Row():
@@ -209,8 +208,7 @@ class Demo:
                                                          elem_id="normx-contrast-a")
                                 contrast_b = gr.Dropdown(choices=[""], value="", label="Label B (purple)",
                                                          elem_id="normx-contrast-b")
-                            contrast = gr.HighlightedText(label="contrast", show_legend=True, visible=True,
-                                                          elem_classes="normx-view", elem_id="normx-contrast")
+                            contrast = gr.HTML("", label="contrast", elem_id="normx-contrast")
                         with gr.Tab("Compare methods"):
                             with gr.Row():
                                 compare_methods = gr.CheckboxGroup(self.methods, value=default_compare,
@@ -224,11 +222,12 @@ class Demo:
             compare_inputs = [*view_inputs, contrast_a, contrast_b, compare_methods]
 
             model.change(_guard(self.on_model_change), model, [pair, steps, model_note, method, compare_methods],
-                         queue=False, api_visibility="private")
+                         queue=False, api_visibility="private", show_progress_on=[model_note])
             method.change(_guard(self.on_method_change), method, method_note, queue=False, api_visibility="private")
             explain_inputs = [model, text, pair, method, steps, unit, show_special, compare_methods]
             explain_outputs = [state, layer, step, contrast_a, contrast_b, *shown, method, compare_methods]
-            raw = {"preprocess": False}  # plain JSON values in, checked by the handlers (fewer steps per event)
+            # raw JSON in, checked by the handlers; progress / error marks on the views only: controls stay usable
+            raw = {"preprocess": False, "show_progress_on": [prediction, *label_boxes]}
             button.click(_guard(self.explain), explain_inputs, explain_outputs, api_name="explain", **raw)
             text.submit(_guard(self.explain), explain_inputs, explain_outputs, api_visibility="private", **raw)
             # the slider, the toggles and the compare picks re-render from the state (no forward pass)
@@ -267,22 +266,23 @@ def theme() -> gr.themes.Base:
 
 def launch_kwargs(**overrides) -> dict:
     """``Blocks.launch`` settings for an offline, never-shared server (tests use them too)."""
-    kwargs = {"share": False, "show_error": True, "ssr_mode": False, "theme": theme(), "css": CSS,
-              "mcp_server": False, "footer_links": ["api", "settings"]}
-    kwargs.update(overrides)
-    return kwargs
+    return {"share": False, "show_error": True, "ssr_mode": False, "theme": theme(), "css": views.PAGE_CSS,
+            "mcp_server": False, "footer_links": ["api", "settings"], **overrides}
 
 
 def launch(host: str | None = None, port: int | None = None, locked: bool | None = None,
            models: Sequence[str] | None = None, default_model: str | None = None, budget: float | None = None,
-           **overrides):
+           task: str | None = None, **overrides):
     """Build and serve the demo (blocks until stopped). Host / port default to $GRADIO_SERVER_NAME / _PORT;
-    ``locked`` to :func:`normx.serving.server.resolve_locked` (unlocked on loopback only)."""
+    ``locked`` to :func:`normx.serving.server.resolve_locked` (unlocked on loopback only); ``task``: the head to load
+    models with when their config names none (``--task``)."""
     serving.server_process()
     host = host or os.environ.get("GRADIO_SERVER_NAME") or "127.0.0.1"
     locked = serving.resolve_locked(locked, host)
     allowed = serving.allowed_models(models)
-    cache = serving.ModelCache(locked=locked, allowed=allowed)
+    cache = serving.ModelCache(locked=locked, allowed=allowed, task=task)
+    if (notice := serving.busy_port_notice(host, port)) is not None:
+        print(notice, file=sys.stderr)
     demo = build_demo(locked=locked, models=allowed, default_model=default_model, cache=cache, budget=budget)
     cache.preload(serving.default_model_name(default_model, locked, allowed, DEFAULT_MODEL))
     return demo.launch(**launch_kwargs(server_name=host, server_port=port, **overrides))
@@ -292,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     """``python demo/app.py [options]`` / ``normx demo [options]`` (:func:`normx.serving.server.demo_arguments`)."""
     args = serving.demo_arguments(argv, DEFAULT_MODEL)
     launch(args.host, args.port, locked=args.locked, models=args.models, default_model=args.model,
-           budget=args.budget_gflop)
+           budget=args.budget_gflop, task=args.task)
     return 0
 
 

@@ -60,3 +60,8 @@ class ModelLoadError(NormxError, OSError):
 
 class WorkBudgetError(InvalidInputError):
     """A request whose estimated work is over the budget a server allows (:class:`normx.serving.lanes.WorkGate`)."""
+
+
+class InputWarning(UserWarning):
+    """Something normx did to an input that changes what is explained, said where Python users look (besides the
+    result's ``warnings``): a text truncated to the model's limit, characters the tokenizer does not know."""

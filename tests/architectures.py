@@ -15,10 +15,9 @@ import warnings
 import torch
 import transformers
 from transformers import CONFIG_MAPPING
-from transformers.models.auto import modeling_auto as auto
 
-MAPPINGS = {"causal_lm": auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, "masked_lm": auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES,
-            "sequence_classification": auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES}
+from normx.models.coverage import listed_architectures
+
 SHRINK = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
               head_dim=16, moe_intermediate_size=32, num_experts=4, num_local_experts=4, n_routed_experts=4,
               num_experts_per_tok=2, shared_expert_intermediate_size=32, vocab_size=512)
@@ -33,15 +32,10 @@ class TransformersFailed(Exception):
 
 
 def architectures(kind: str | None = None) -> list[tuple[str, str, str]]:
-    """(head kind, model type, class name) of every architecture in the mappings (of one kind)."""
-    out = []
-    for head, mapping in MAPPINGS.items():
-        if kind in (None, head):
-            for model_type, names in mapping.items():
-                for name in (names,) if isinstance(names, str) else names:
-                    if hasattr(transformers, name):
-                        out.append((head, model_type, name))
-    return out
+    """(head kind, model type, class name) of every architecture in the mappings (of one kind) that transformers
+    exports."""
+    return [(head, model_type, name) for head, model_type, name in listed_architectures()
+            if kind in (None, head) and hasattr(transformers, name)]
 
 
 def config(model_type: str, kind: str):
@@ -52,6 +46,10 @@ def config(model_type: str, kind: str):
         value = getattr(made, name, None)
         if isinstance(value, int) and value >= SHRINK["vocab_size"]:
             setattr(made, name, 0 if name == "pad_token_id" else 1)
+    if kind == "causal_lm":  # as a real checkpoint of the class is: a model that can be both is a decoder here
+        for name in ("is_decoder", "causal"):  # (RoBERTa-family *ForCausalLM, XLM's XLMWithLMHeadModel)
+            if getattr(default, name, None) is False:
+                setattr(made, name, True)
     if kind == "sequence_classification":
         made.num_labels = 3
         if getattr(made, "pad_token_id", None) is None:
@@ -99,42 +97,76 @@ VERIFIED, REFUSED, FAILS, WRONG = "verified", "refused", "transformers fails", "
 TOLERANCE = 1e-4  # float32: NormXLogit against the reference, as a fraction of its scale
 
 
-class _Tokenizer:
-    """What explain's plan reads of a tokenizer here: the mask token (a masked LM's prediction is read there)."""
+MASK_ID = 7  # a masked LM's tiny tokenizer's mask token (a masked LM's prediction is read there)
 
-    mask_token_id = 7
+
+def word_tokenizer(model, kind: str):
+    """A fast word-level tokenizer for a tiny model: the word ``w{i}`` is token id ``i`` (no special tokens added),
+    padding with the config's pad token (else ``w0``), with the mask token ``w7`` for masked LMs."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    table = model.get_input_embeddings()
+    vocab = getattr(table, "num_embeddings", None) or table.weight.shape[0]
+    words = Tokenizer(models.WordLevel({f"w{i}": i for i in range(vocab)}, unk_token="w0"))
+    words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    pad = getattr(model.config, "pad_token_id", None)
+    pad = pad if isinstance(pad, int) and 0 <= pad < vocab else 0
+    special = {"mask_token": f"w{MASK_ID}"} if kind == "masked_lm" else {}
+    return PreTrainedTokenizerFast(tokenizer_object=words, pad_token=f"w{pad}",
+                                   model_input_names=["input_ids", "attention_mask"], **special)
+
+
+def reference_texts(model, kind: str) -> list[str]:
+    """Two texts of different lengths (so that normx pads one), of ordinary ids; a masked LM's with a mask token."""
+    from normx.core.verify import probe_rows
+
+    ids = probe_rows(model)[0]
+    rows = [list(ids), list(ids[::-1][:5])]
+    if kind == "masked_lm":
+        for row in rows:
+            row[3] = MASK_ID
+    return [" ".join(f"w{i}" for i in row) for row in rows]
 
 
 def reference_check(model, kind: str) -> float:
-    """NormXLogit at the last layer, computed by normx, against a reference read from the model's own forward
-    (``hidden_states[0]`` and its logits): at every position for LM heads, at the pooled one for classifiers.
-    With ``"late"`` pooling (the prediction is the mean of the head on every token) LogAt = NormXLogit / norm,
-    averaged over the tokens, must be the model's logit. Returns the largest difference as a fraction of the
-    reference's scale."""
-    from normx.core.verify import probe_inputs
-    from normx.explanations.explain import attribute_batch, prepare
+    """NormXLogit at the last layer, as a user gets it from ``normx.explain(model, tokenizer, texts)`` (two texts of
+    different lengths in one padded batch), against a reference read from the model as its user runs it: the plain
+    ``model(**tokenizer(text), output_hidden_states=True)`` of each text alone, ``||hidden_states[0]||`` times its
+    logits (at every position for LM heads, at the pooled one for classifiers). With ``"late"`` pooling (the
+    prediction is the mean of the head on every token) LogAt = NormXLogit / norm, averaged over the tokens, must be
+    the model's logit. Returns the largest difference as a fraction of the reference's scale."""
+    import normx
 
-    inputs = probe_inputs(model)
-    if kind == "masked_lm":
-        inputs["input_ids"][:, 3] = _Tokenizer.mask_token_id
-    plan = prepare(model, _Tokenizer(), "normxlogit")
-    out = attribute_batch(plan, inputs)
-    with torch.no_grad():
-        own = model(**inputs, output_hidden_states=True)
-    norms = own.hidden_states[0].float().norm(dim=-1)  # [B, T]
-    rows = torch.arange(norms.shape[0])
-    pooled, target = out.pooled, out.columns[:, 0]
-    got = out.scores[:, 0, 0]  # [B, T]
-    if kind == "sequence_classification" and plan.adapter.pooling == "late":
-        want = own.logits.float()[rows, target]
-        got = (got / norms).mean(-1)
-    elif kind == "sequence_classification":
-        want = norms[rows, pooled] * own.logits.float()[rows, target]
-        got = got[rows, pooled]
-    else:
-        assert torch.equal(target, own.logits[rows, pooled].argmax(-1))  # the model's own prediction
-        want = norms * own.logits.float()[rows, :, target]
-    return float((got - want).abs().max() / want.abs().max().clamp_min(1e-12))
+    tokenizer = word_tokenizer(model, kind)
+    texts = reference_texts(model, kind)
+    explanations = normx.explain(model, tokenizer, texts, "normxlogit", batch_size=len(texts))
+    worst = 0.0
+    for text, exp in zip(texts, explanations):
+        with torch.no_grad():
+            own = model(**tokenizer(text, return_tensors="pt"), output_hidden_states=True)
+        norms = own.hidden_states[0][0].float().norm(dim=-1)  # [T]
+        logits = own.logits[0].float()
+        got = torch.from_numpy(exp.scores[0, -1]).float()  # [T]
+        if kind == "sequence_classification":
+            column = int(logits.argmax())  # the model's own prediction, which normx explains by default
+            if plan_pooling(model) == "late":
+                want, got = logits[column], (got / norms).mean()
+            else:
+                want, got = norms[exp.pooled] * logits[column], got[exp.pooled]
+        else:
+            column = tokenizer.convert_tokens_to_ids(exp.labels[0])
+            if column != int(logits[exp.pooled].argmax()):  # the model's own prediction
+                return float("inf")
+            want = norms * logits[:, column]
+        worst = max(worst, float((got - want).abs().max() / want.abs().max().clamp_min(1e-12)))
+    return worst
+
+
+def plan_pooling(model) -> str:
+    from normx.core.verify import verified_adapter
+
+    return verified_adapter(model).pooling
 
 
 def verdict(kind: str, model_type: str, name: str) -> tuple[str, str]:

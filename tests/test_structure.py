@@ -23,7 +23,7 @@ LAYERS = {
     "explanations": {"methods", "core", "models"},
     "data": {"models"},
     "zoo": {"data", "models"},
-    "bulk": {"explanations", "core", "data", "models"},
+    "bulk": {"explanations", "methods", "core", "data", "models"},
     "evaluation": {"explanations", "methods", "core", "data", "models"},
     "serving": {"explanations", "methods", "core", "models", "zoo"},
     "cli": {"bulk", "evaluation", "serving", "zoo", "explanations", "methods", "core", "data", "models"},

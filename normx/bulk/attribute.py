@@ -33,7 +33,7 @@ from normx.core.inputs import check_text, positive_int, token_budget_batches
 from normx.data.rows import Row, _pyarrow_parquet, iter_rows
 from normx.errors import InvalidInputError, NormxError
 from normx.explanations.explain import explain
-from normx.models import unwrap_model
+from normx.models.identity import describe, model_identity
 
 MANIFEST = "_manifest.json"  # "_": Parquet readers skip it when they read the folder
 OLD_MANIFEST = "manifest.json"  # folders written before normx named it so are still resumed
@@ -88,7 +88,7 @@ def attribute_dataset(model, tokenizer, source, out, *, method: str = "normxlogi
     parquet = _pyarrow_parquet()
     folder = Path(out).expanduser()
     job = _Job(method, target, layer, options, max_tokens, batch_size)
-    settings = {"model": _model_name(model), "method": method, "target": target, "layer": layer,
+    settings = {"model": model_identity(model), "method": method, "target": target, "layer": layer,
                 "options": options, "source": str(source), "text_column": text_column, "pair_column": pair_column,
                 "limit": limit, "shard_size": shard_size}
     created = _join_processes(model)
@@ -295,11 +295,6 @@ def _barrier() -> None:
         dist.barrier()
 
 
-def _model_name(model) -> str:
-    base = unwrap_model(model)
-    return str(getattr(base.config, "_name_or_path", "") or type(base).__name__)
-
-
 def _check_manifest(folder: Path, settings: dict, rank: int) -> None:
     file = folder / MANIFEST
     old = folder / OLD_MANIFEST
@@ -308,12 +303,28 @@ def _check_manifest(folder: Path, settings: dict, rank: int) -> None:
     _barrier()
     if file.exists():
         stored = json.loads(file.read_text())["settings"]
-        changed = sorted(k for k in settings if stored.get(k) != json.loads(json.dumps(settings[k], default=str)))
-        if changed:
-            raise InvalidInputError(f"{folder} holds shards made with other settings ({', '.join(changed)} differ); "
-                                    "use another --out folder or remove it")
+        problems = _differences(stored, settings)
+        if problems:
+            raise InvalidInputError(f"{folder} holds shards made with other settings: {'; '.join(problems)}. Use "
+                                    "another --out folder, or remove this one to start again")
     elif rank == 0:
         _write_manifest(file, {"settings": settings, "complete": False})
+
+
+def _differences(stored: dict, settings: dict) -> list[str]:
+    """What differs between a folder's settings and this run's, each said with both values."""
+    plain = json.loads(json.dumps(settings, default=str))
+    problems = []
+    for key in sorted(settings):
+        was, now = stored.get(key), plain[key]
+        if key == "model" and not isinstance(was, dict):  # a folder from before identities: its name only
+            now = now["name"]
+        if was != now:
+            if key == "model":
+                problems.append(f"its model is {describe(was)}, this run's is {describe(now)}")
+            else:
+                problems.append(f"{key} was {was!r}, now {now!r}")
+    return problems
 
 
 def _finish(folder: Path, settings: dict, run: AttributionRun, parquet) -> None:

@@ -16,7 +16,11 @@ import json
 from pathlib import Path
 
 from normx.bulk.read import SUMMARY_COLUMNS, SummaryBuilder, iter_records, manifest
+from normx.errors import NormxError
+from normx.explanations.display import AMOUNT
 from normx.explanations.html import NEGATIVE, POSITIVE
+from normx.methods import get_method
+from normx.models.identity import describe
 
 CHUNK = 500
 _COLUMNS = ["id", "text", "text_pair", "tokens", "offsets", "scores", "label", "prediction", "probabilities",
@@ -53,10 +57,30 @@ def write_report(folder, out=None, top: int = 20, min_count: int = 5) -> Path:
     page = page.replace("{{summary}}", _summary(words, top, min_count) + _summary(tokens, top, min_count))
     page = page.replace("{{index}}", json.dumps(index, ensure_ascii=False).replace("</", "<\\/"))
     page = page.replace("{{chunk}}", str(CHUNK)).replace("{{pos}}", ",".join(map(str, POSITIVE)))
-    page = page.replace("{{neg}}", ",".join(map(str, NEGATIVE)))
+    page = page.replace("{{neg}}", ",".join(map(str, NEGATIVE))).replace("{{amount}}", ",".join(map(str, AMOUNT)))
+    reading = _reading(manifest(folder).get("settings", {}))
+    page = page.replace("{{reading}}", reading).replace("{{legend}}", _LEGENDS[reading])
     file = target / "index.html"
     file.write_text(page, encoding="utf-8")
     return file
+
+
+_LEGENDS = {
+    "signed": "Red: the unit pushes toward the label, purple: away from it; each row at full colour at its own largest "
+              "|score|.",
+    "relative": "The scores are relative (a logit times a norm: their zero means nothing), so each row is drawn in "
+                "one colour from its lowest score (none) to its highest (full): compare tokens, not signs.",
+    "magnitude": "The scores are unsigned magnitudes: darker = larger, each row at full colour at its own largest.",
+}
+
+
+def _reading(settings: dict) -> str:
+    """How the run's scores read (its method's ``reading``; relative for a method this normx does not know)."""
+    try:
+        method = get_method(settings.get("method"))
+        return method.reading_for(settings.get("options") or {})
+    except NormxError:
+        return "relative"
 
 
 def _row(record: dict) -> list:
@@ -75,7 +99,9 @@ def _write_chunk(target: Path, number: int, rows: list) -> None:
 
 def _settings(data: dict, summary) -> str:
     settings = data.get("settings", {})
-    shown = {"model": settings.get("model"), "method": settings.get("method"), "data": settings.get("source"),
+    model = settings.get("model")
+    shown = {"model": None if model is None else describe(model), "method": settings.get("method"),
+             "data": settings.get("source"),
              "rows": data.get("rows", summary.rows), "rows that could not be explained": summary.skipped,
              "normx": data.get("normx")}
     return "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>" for k, v in shown.items()
@@ -111,15 +137,15 @@ table{border-collapse:collapse}td,th{padding:3px 8px;border-bottom:1px solid #ee
 (main view; special tokens left out).</p>
 {{summary}}
 <h2 style="font-size:16px">Examples</h2>
-<p style="color:#555">Click a column to sort. Red: the token pushes toward the label, purple: away from it; each row
-at full colour at its own largest |score|.</p>
+<p style="color:#555">Click a column to sort. {{legend}}</p>
 <div id="pager"></div>
 <table id="examples"><thead><tr><th class="sort" data-key="0">id</th><th class="sort" data-key="1">prediction</th>
 <th class="sort" data-key="2">confidence</th><th class="sort" data-key="3">length</th><th>text</th></tr></thead>
 <tbody></tbody></table>
 <script>
 const INDEX = {{index}};
-const CHUNK = {{chunk}}, PER_PAGE = 50, POS = [{{pos}}], NEG = [{{neg}}];
+const CHUNK = {{chunk}}, PER_PAGE = 50, POS = [{{pos}}], NEG = [{{neg}}], AMOUNT = [{{amount}}];
+const READING = '{{reading}}';
 const chunks = {}, waiting = {};
 let order = INDEX.map((_, i) => i), page = 0, sortKey = 0, ascending = true;
 function normxChunk(n, rows) { chunks[n] = rows; (waiting[n] || []).forEach(f => f()); delete waiting[n]; }
@@ -133,14 +159,23 @@ function load(n, then) {
 const ESCAPES = {'&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;'};
 function esc(t) { return String(t).replace(/[&<>"]/g, c => ESCAPES[c]); }
 function colour(v, scale) {
-  if (v === null || !isFinite(v) || scale <= 0 || v === 0) return 'transparent';
-  const c = v > 0 ? POS : NEG;
-  return 'rgba(' + c.join(',') + ',' + Math.min(Math.abs(v) / scale, 1).toFixed(3) + ')';
+  const [low, high] = scale;
+  if (v === null || !isFinite(v) || high - low <= 0) return 'transparent';
+  const signed = READING === 'signed';
+  const k = signed ? Math.min(Math.abs(v) / high, 1) : Math.max(0, Math.min(1, (v - low) / (high - low)));
+  if (k === 0) return 'transparent';
+  const c = signed ? (v > 0 ? POS : NEG) : AMOUNT;
+  return 'rgba(' + c.join(',') + ',' + k.toFixed(3) + ')';
+}
+function scaleOf(units) {  // normx.explanations.display.scale_for: over the units that are not special tokens
+  const v = units.filter(u => !u[3] && u[4] !== null && isFinite(u[4])).map(u => u[4]);
+  if (!v.length) return [0, 0];
+  if (READING === 'relative') return [Math.min(...v), Math.max(...v)];
+  return [0, Math.max(...v.map(Math.abs))];
 }
 function view(row) {
   const [id, text, pair, label, units] = row, texts = [text, pair || ''], cursor = [0, 0];
-  let scale = 0;
-  units.forEach(u => { if (!u[3] && u[4] !== null) scale = Math.max(scale, Math.abs(u[4])); });
+  const scale = scaleOf(units);
   let out = '';
   units.forEach(u => {
     const [a, b, seg, special, v, tok] = u, tip = esc(tok + ': ' + (v === null ? '' : v));

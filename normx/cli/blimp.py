@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from normx.cli.options import add_names_argument, names, output_folder
+from normx.cli.options import add_model_flags, add_names_argument, load, names, output_folder
 from normx.data import blimp as ev
 from normx.evaluation.blimp.run import SPECIAL_TOKENS, SPLITS, evaluate_blimp
 
@@ -12,7 +12,9 @@ def add_parser(subparsers):
         "blimp", help="evidence alignment on BLiMP (Dot Product, Average Precision per layer)",
         description="Per-layer alignment of attributions with the evidence word of BLiMP minimal pairs, for a "
                     "masked-LM or causal-LM model.")
-    parser.add_argument("--model", required=True, help="a preset (e.g. smollm2), a model folder or a hub id")
+    parser.add_argument("--model", required=True, help="a preset (e.g. smollm2), a model folder, a GGUF file or a hub "
+                        "id")
+    add_model_flags(parser)
     add_names_argument(parser, "--paradigms", f"BLiMP paradigms: {', '.join(ev.PARADIGMS)} (default: "
                                               f"{' '.join(ev.DEFAULT_PARADIGMS)})")
     add_names_argument(parser, "--methods", "registered methods (`normx methods`); default: logat (target and foil "
@@ -42,10 +44,9 @@ def add_parser(subparsers):
 
 
 def run(args) -> int:
-    from normx.zoo.loading import load_model
 
     output_folder(args.out)
-    model, tokenizer = load_model(args.model)
+    model, tokenizer = load(args)
     paradigms = names(args.paradigms) or list(ev.DEFAULT_PARADIGMS)
     report = evaluate_blimp(model, tokenizer, paradigms, names(args.methods), data=args.data, split=args.split,
                             limit=args.limit, seed=args.seed, batch_size=args.batch_size,

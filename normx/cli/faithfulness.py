@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from normx.cli.flags import add_method_flags, given_options, option_words
-from normx.cli.options import add_names_argument, names, output_folder
+from normx.cli.options import add_model_flags, add_names_argument, load, names, output_folder
 from normx.data import glue
 from normx.errors import InvalidInputError
 from normx.evaluation.faithfulness.examples import load_examples
@@ -19,7 +19,9 @@ def add_parser(subparsers):
         description="Rank each example's tokens by each method's attributions, perturb the top K% (comprehensiveness)"
                     " or all but the top K% (sufficiency) for K = 0..100%, and report the confidence drop and "
                     "accuracy (Pearson for regression) curves and their AOPC (mean over K = 10..90%).")
-    parser.add_argument("--model", required=True, help="a preset name (`normx models`), a model folder or a hub id")
+    parser.add_argument("--model", required=True, help="a preset name (`normx models`), a model folder, a GGUF file "
+                        "or a hub id")
+    add_model_flags(parser)
     parser.add_argument("--data", required=True,
                         help=f"a task ({', '.join(glue.TASKS)}: its dev split, from --data-dir or $NORMX_DATA) or a "
                              "TSV / JSONL file with the fields text, text_pair (optional), label")
@@ -50,7 +52,6 @@ def add_parser(subparsers):
 
 
 def run(args) -> int:
-    from normx.zoo.loading import load_model
 
     methods = names(args.methods)
     if methods == ["all"] or not methods:
@@ -64,7 +65,7 @@ def run(args) -> int:
                                 f"of the methods {chosen} takes them")
     examples = load_examples(args.data, args.data_dir, args.limit, args.split)
     output_folder(args.out)
-    model, tokenizer = load_model(args.model)
+    model, tokenizer = load(args)
     report = evaluate(model, tokenizer, examples, chosen, task=args.data if args.data in glue.TASKS else None,
                       special_tokens=args.special_tokens, perturbation=args.perturbation, batch_size=args.batch_size,
                       eval_batch_size=args.eval_batch_size, max_length=args.max_length,

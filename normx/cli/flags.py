@@ -33,12 +33,14 @@ def add_method_flags(parser: argparse.ArgumentParser) -> None:
         same: dict[tuple[str, str], list[str]] = {}  # methods that say the same of the option, together
         for method, option in takers:
             same.setdefault((option.help, repr(option.default)), []).append(method)
-        helps = "; ".join(f"{', '.join(methods)}: {text} (default {default})"
-                          for (text, default), methods in same.items())
-        if first.type is bool:
+        if first.type is bool:  # a flag's help says what giving it does, not the option's default value
+            word = "off" if first.default is True else "on"
+            helps = "; ".join(f"{', '.join(methods)}: turns {word} '{text}'" for (text, _), methods in same.items())
             action = "store_false" if first.default is True else "store_true"
             group.add_argument(flag_of(first), dest=name, action=action, default=None, help=helps)
             continue
+        helps = "; ".join(f"{', '.join(methods)}: {text} (default {default})"
+                          for (text, default), methods in same.items())
         choices = None
         if all(option.choices for _, option in takers):
             choices = list(dict.fromkeys(c for _, option in takers for c in option.choices))

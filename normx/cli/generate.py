@@ -7,13 +7,13 @@ import json
 import os
 import sys
 
-from normx.cli.options import add_output_flags, layer_spec, texts, write_text
+from normx.cli.options import add_output_flags, layer_spec, load, texts, write_text
 
 
 def add_parser(sub, heavy: bool) -> argparse.ArgumentParser:
     """Add the ``generate`` subcommand (its method flags only when it is the command about to run)."""
     parser = sub.add_parser("generate", help="explain every token a causal LM writes after a prompt (one forward "
-                                             "pass for the head-on-top methods)")
+                                             "pass for the head-on-top, attention and recency methods)")
     parser.add_argument("prompts", nargs="+", metavar="PROMPT", help="prompt(s); `-` reads them from standard "
                         "input, one per line")
     parser.add_argument("--model", required=True, help="a causal-LM preset (`normx models`), a model folder, a PEFT "
@@ -46,9 +46,8 @@ def run(args) -> int:
     if args.top < 1:
         raise InvalidInputError(f"--top must be at least 1, got {args.top}")
     from normx.explanations.generation import explain_generation
-    from normx.zoo.loading import load_model
 
-    model, tokenizer = load_model(args.model, **({"gguf_file": args.gguf_file} if args.gguf_file else {}))
+    model, tokenizer = load(args)
     target = None if args.continuation is None else [args.continuation] * len(prompts)
     results = explain_generation(model, tokenizer, prompts, method=args.method, layer=layer, target=target,
                                  max_new_tokens=args.max_new_tokens, chat=args.chat, **given_options(args))

@@ -8,9 +8,10 @@ import os
 import sys
 import warnings
 
-from normx.cli.options import add_output_flags, layer_spec, write_text
+from normx._version import __version__
+from normx.cli.options import add_model_flags, add_output_flags, layer_spec, write_text
 from normx.cli.options import texts as read_texts
-from normx.errors import InvalidInputError, NormxError
+from normx.errors import InputWarning, InvalidInputError, NormxError
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -23,6 +24,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         return command is None or command == name
 
     parser = argparse.ArgumentParser(prog="normx", description="NormXLogit token attributions for HF models.")
+    parser.add_argument("--version", action="version", version=f"normx {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     ex = sub.add_parser("explain", help="explain a model's prediction on one or more texts")
@@ -42,14 +44,18 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     ex.add_argument("--words", action="store_true", help="show words: subword tokens summed per word")
     ex.add_argument("--word-aggregation", default=None, choices=["sum", "mean", "max", "absmax"],
                     help="how subword scores make a word's score (implies --words; default sum)")
-    ex.add_argument("--truncation", default="warn", choices=["warn", "error"])
+    ex.add_argument("--truncation", default="warn", choices=["warn", "error"],
+                    help="a text longer than the model takes: 'warn' explains its first tokens up to the model's "
+                         "limit and says so; 'error' stops (default warn)")
     if heavy("explain"):
         add_method_flags(ex)
     add_output_flags(ex, "print one JSON object with a `results` list", "explanations")
 
     at = sub.add_parser("attribute", help="explain every row of a corpus into Parquet shards (streamed, resumable; "
                         "torchrun / accelerate launch for many processes)")
-    at.add_argument("--model", required=True, help="a preset, a model folder, a PEFT adapter folder or a hub id")
+    at.add_argument("--model", required=True, help="a preset, a model folder, a PEFT adapter folder, a GGUF file or a "
+                    "hub id")
+    add_model_flags(at)
     at.add_argument("--data", required=True, help="a TSV / CSV / JSONL / Parquet file, or a hub dataset id "
                     "NAME[:CONFIG][@SPLIT] (online)")
     at.add_argument("--out", required=True, help="output folder: shard-*.parquet and _manifest.json")
@@ -81,9 +87,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     tr.add_argument("--out", default=None, help="output folder (default: the preset's folder in the package)")
     tr.add_argument("--seed", type=int, default=0)
     tr.add_argument("--no-progress", action="store_true")
+    cache = sub.add_parser("cache", help="what normx keeps in its cache folder (converted GGUF models), with sizes")
+    cache.add_argument("--clear", action="store_true", help="remove everything in the cache folder")
     supported = sub.add_parser("supported", help="which transformers architectures normx explains (verified against "
                                "their own outputs), which it refuses and why")
-    supported.add_argument("--verdict", choices=["verified", "refused", "transformers fails"], default=None,
+    supported.add_argument("--verdict", choices=["verified", "refused", "transformers fails", "not yet measured"],
+                           default=None,
                            help="only the architectures with this verdict")
     supported.add_argument("--registered", action="store_true",
                            help="only the classes with a registered adapter (the others are discovered on first use)")
@@ -124,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args) -> int:
     from normx.methods import describe_methods, get_method
 
-    if args.command not in ("methods", "models", "supported"):  # the light commands never import transformers
+    if args.command not in ("methods", "models", "supported", "cache"):  # the light commands never import torch
         _quiet_transformers()
     if args.command == "methods":
         offered = describe_methods()
@@ -148,6 +157,8 @@ def _run(args) -> int:
         return _attribute(args)
     if args.command == "supported":
         return _supported(args)
+    if args.command == "cache":
+        return _cache(args)
     if args.command == "generate":
         from normx.cli.generate import run
 
@@ -160,11 +171,10 @@ def _run(args) -> int:
     layer = layer_spec(args.layer)
     texts = read_texts(args.texts)
     _check_labels(args.model, [*(args.target or []), *([args.foil] if args.foil else [])])
-    kwargs = {"gguf_file": args.gguf_file} if args.gguf_file else {}
+    from normx.cli.options import load
     from normx.explanations.explain import explain
-    from normx.zoo.loading import load_model
 
-    model, tokenizer = load_model(args.model, **kwargs)
+    model, tokenizer = load(args)
     target = _target(args.target)
     pairs = None if args.pair is None else [args.pair] * len(texts)
     from normx.cli.flags import given_options
@@ -189,12 +199,12 @@ def _run(args) -> int:
 def _attribute(args) -> int:
     from normx.bulk.attribute import attribute_dataset
     from normx.cli import flags as method_flags
+    from normx.cli.options import load
     from normx.methods import get_method
-    from normx.zoo.loading import load_model
 
     get_method(args.method)
     layer = layer_spec(args.layer)
-    model, tokenizer = load_model(args.model)
+    model, tokenizer = load(args)
     local = os.environ.get("LOCAL_RANK")
     if local is not None:
         import torch
@@ -228,20 +238,39 @@ def _write_html(args, results) -> None:
         write_text(args.html, page(explanations_html(results), f"normx: {args.model}"))
 
 
+def _cache(args) -> int:
+    from normx.models.gguf import cache_entries, cache_root, clear_cache
+
+    if args.clear:
+        print(f"removed {cache_root()}: {clear_cache() / 2**20:.1f} MB freed")
+        return 0
+    entries = cache_entries()
+    for entry in entries:
+        source = f" from {entry['source']}" if entry.get("source") else ""
+        print(f"{entry['bytes'] / 2**20:10.1f} MB  {entry['name']}{source}  {entry['path']}")
+    total = sum(entry["bytes"] for entry in entries)
+    print(f"{len(entries)} entries, {total / 2**20:.1f} MB in {cache_root()} ($NORMX_CACHE moves it; "
+          "`normx cache --clear` empties it)")
+    return 0
+
+
 def _supported(args) -> int:
     from normx.models import supported_models
-    from normx.models.coverage import coverage
+    from normx.models.coverage import coverage, grouped, installed_transformers, unmeasured_rows
 
     if args.registered:
         print("\n".join(supported_models()))
         return 0
     table = coverage()
-    rows = [row for row in table["architectures"] if args.verdict in (None, row["verdict"])]
+    missing = unmeasured_rows(table)
+    rows = [row for row in grouped(table["architectures"] + missing) if args.verdict in (None, row["verdict"])]
     for row in rows:
         print(f"{row['class']:<48} {row['head']:<24} {row['verdict']:<19} {row['detail']}")
-    summary = table["summary"]
-    print(f"\n{len(rows)} architectures (transformers {summary['transformers']}, tiny models from default configs, "
-          f"{summary['date']}); a model is also checked against its own outputs the first time normx explains it")
+    summary, installed = table["summary"], installed_transformers()
+    print(f"\n{len(rows)} architectures: measured with transformers {summary['transformers']} on {summary['date']} "
+          f"(tiny models from default configs); installed: transformers {installed}"
+          + (f", which lists {len(missing)} architectures the table has not measured" if missing else "")
+          + ". Every model is also checked against its own outputs the first time normx explains it.")
     return 0
 
 
@@ -348,6 +377,13 @@ def _quiet_transformers() -> None:
     logging.set_verbosity_error()
     logging.disable_progress_bar()
     warnings.filterwarnings("ignore", category=FutureWarning)  # deprecation notices from transformers / peft
+    warnings.showwarning = _show_warning
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """Warnings on the terminal as the CLI's own lines (normx's input warnings: truncation, unknown tokens)."""
+    where = "" if issubclass(category, InputWarning) else f" ({category.__name__}, {filename}:{lineno})"
+    print(f"normx: warning: {message}{where}", file=sys.stderr if file is None else file)
 
 
 def _maybe_int(value: str):

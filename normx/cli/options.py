@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from normx.errors import InvalidInputError
+from normx.models.tasks import TASKS
 
 
 def add_names_argument(parser: argparse.ArgumentParser, flag: str, help: str, default=None) -> None:
@@ -35,10 +36,28 @@ def output_folder(path: str) -> Path:
     return folder
 
 
+def add_model_flags(parser: argparse.ArgumentParser) -> None:
+    """The loading flags every command that loads a model takes: ``--task`` and ``--gguf-file``."""
+    parser.add_argument("--task", default=None, choices=sorted(TASKS),
+                        help="the head to load the model with, when its config names none normx supports (a GGUF "
+                             "file is a causal LM unless told otherwise)")
+    parser.add_argument("--gguf-file", default=None, help="load this GGUF file inside the model folder (a .gguf path "
+                        "or a folder holding one .gguf also works as --model)")
+
+
+def load(args: argparse.Namespace):
+    """``(model, tokenizer)`` for ``args.model`` with the loading flags (:func:`add_model_flags`); slow first-time
+    steps (a GGUF file's conversion) are said on standard error."""
+    from normx.zoo.loading import load_model
+
+    kwargs = {name: value for name in ("task", "gguf_file") if (value := getattr(args, name, None))}
+    return load_model(args.model, notify=lambda message: print(f"normx: {message}", file=sys.stderr), **kwargs)
+
+
 def add_output_flags(parser: argparse.ArgumentParser, json_help: str, what: str) -> None:
-    """The loading and output flags ``explain`` and ``generate`` share: ``--gguf-file``, ``--json`` (``json_help``),
-    ``--html FILE`` (``what``: the results, for its help) and ``--no-color``."""
-    parser.add_argument("--gguf-file", default=None, help="load a GGUF checkpoint file inside the model folder")
+    """The output flags ``explain`` and ``generate`` share: ``--json`` (``json_help``), ``--html FILE`` (``what``:
+    the results, for its help) and ``--no-color``; and the loading flags (:func:`add_model_flags`)."""
+    add_model_flags(parser)
     parser.add_argument("--json", action="store_true", help=json_help)
     parser.add_argument("--html", default=None, metavar="FILE", help=f"also write the {what} as one self-contained "
                         "HTML page")

@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-import numpy as np
-
+from normx.explanations.display import Scale, reading_of, scale_for
 from normx.explanations.result import Explanation
-from normx.serving.views import scale_of
 
 _RESET = "\033[0m"
 
 
-def _colour(value: float, scale: float) -> str:
-    """ANSI 24-bit background: green for positive (supports the label), red for negative, stronger = larger."""
-    strength = 0.0 if scale <= 0 or not np.isfinite(value) else min(abs(value) / scale, 1.0)
-    fade = int(255 - 175 * strength)
-    rgb = (fade, 255, fade) if value >= 0 else (255, fade, fade)
-    return f"\033[48;2;{rgb[0]};{rgb[1]};{rgb[2]}m\033[38;2;0;0;0m"
+def _colour(value: float, scale: Scale) -> str:
+    """ANSI 24-bit background in the shared colour language (:mod:`normx.explanations.display`): the score's colour
+    blended into white by its strength on the column's scale."""
+    found = scale.rgba(value)
+    rgb, alpha = found if found is not None else ((255, 255, 255), 0.0)
+    r, g, b = (round(255 + (c - 255) * alpha * 0.85) for c in rgb)
+    return f"\033[48;2;{r};{g};{b}m\033[38;2;0;0;0m"
 
 
 def summary(explanation: Explanation) -> str:
@@ -34,10 +33,9 @@ def summary(explanation: Explanation) -> str:
 
 
 def render_table(explanation: Explanation, color: bool = True, max_columns: int = 6) -> str:
-    """A table with one row per token (or word) and one column per label x layer, coloured by sign.
-
-    Colours are scaled per column by the largest magnitude among non-special units
-    (:func:`~normx.explanations.display.scale_of`).
+    """A table with one row per token (or word) and one column per label x layer, coloured in the shared colour
+    language (:mod:`normx.explanations.display`: signed scores red / purple, relative and unsigned ones amber),
+    each column on its own scale over the units that are not special tokens.
     With more than ``max_columns`` label x layer columns, the first label's last layers are shown and a line says
     what was left out. Tokens show as the text they cover (byte-level BPE markers such as ``Ġ`` removed).
     """
@@ -45,7 +43,8 @@ def render_table(explanation: Explanation, color: bool = True, max_columns: int 
     columns = every if len(every) <= max_columns else [(0, j) for j in range(len(explanation.layers))][-max_columns:]
     names = [_column_name(explanation, i, j) for i, j in columns]
     values = [explanation.scores[i, j] for i, j in columns]
-    scales = [scale_of(explanation, [v]) for v in values]  # the page's rule: largest |score| of non-special units
+    reading = reading_of(explanation)
+    scales = [scale_for(explanation, [v], reading) for v in values]  # the shared rule (special tokens excluded)
     unit = explanation.unit
     shown = [_shown(explanation, k) for k in range(len(explanation.tokens))]
     width = max([len(unit)] + [len(t) for t in shown]) + 2
@@ -73,16 +72,21 @@ def render_table(explanation: Explanation, color: bool = True, max_columns: int 
 
 
 def _reading(explanation: Explanation) -> str:
-    """How to read the scores, by kind of explanation."""
+    """How to read the scores and their colours, by how the method's scores read."""
+    reading = reading_of(explanation)
     if explanation.regression:
         return ("Regression: scores are not signed support for a label (LogAt / NormXLogit: how far each token's "
-                "head output is from the prediction).")
-    if explanation.settings.get("label_dependent") is False:
-        return "These scores do not depend on the label."
+                "head output is from the prediction); darker = larger.")
+    if reading == "magnitude":
+        dependent = "" if explanation.settings.get("label_dependent", True) else " and do not depend on the label"
+        return f"Scores are unsigned magnitudes{dependent}: darker = larger."
     foil = explanation.settings.get("foil")
-    if foil is not None:
-        return f"Positive scores favour the label over {foil}, negative ones {foil} over the label."
-    return "Positive scores support the label, negative ones oppose it."
+    if reading == "signed":
+        if foil is not None:
+            return f"Red: favours the label over {foil}; purple: {foil} over the label."
+        return "Red: pushes toward the label; purple: away from it; stronger = larger |score|."
+    return ("Scores are relative (a logit times a norm: their zero means nothing): compare tokens, not signs; darker "
+            "= higher. For toward / away, explain with --foil LABEL (a contrast of two labels is signed).")
 
 
 def _shown(explanation: Explanation, k: int) -> str:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from normx.core.concurrency import ModelLock, model_lock, using
-from normx.core.verify import verified_adapter
+from normx.core.verify import takes_padding, verified_adapter
 from normx.models import Adapter, unwrap_model
 
 if TYPE_CHECKING:
@@ -49,6 +49,11 @@ class ModelHandle:
     def max_positions(self) -> int | None:
         """The longest input the model's position table takes, as its adapter reads it; None without a limit."""
         return self.adapter.max_positions(self.base.config)
+
+    def rows_per_pass(self, batch_size: int) -> int:
+        """``batch_size``, or 1 for a model whose right-padded batches differ from each text run alone (found by
+        the first-use check: :func:`normx.core.verify.takes_padding`): such a model gets one text per pass."""
+        return batch_size if takes_padding(self.base) else 1
 
     def using(self) -> AbstractContextManager[None]:
         """A stretch of normx work on the model (:func:`normx.core.concurrency.using`) under this handle's lock."""

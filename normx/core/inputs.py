@@ -3,35 +3,21 @@
 from __future__ import annotations
 
 import unicodedata
+import warnings as _warnings
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from normx._torch import torch
+from normx.core.batch import Encoded, collate  # (re-exported: the input layer's API)
 from normx.core.concurrency import tokenizer_lock
-from normx.errors import EmptyTextError, InputTooLongError, InvalidInputError
-from normx.models import Adapter
+from normx.errors import EmptyTextError, InputTooLongError, InputWarning, InvalidInputError
 
 if TYPE_CHECKING:
+    import torch
+
     from normx.core.handle import ModelHandle
 
 TRUNCATION_MODES = ("warn", "error")
 _HUGE = 10**6  # tokenizers without a real limit report model_max_length as a huge sentinel
-
-
-@dataclass
-class Encoded:
-    """One tokenised text or pair, unpadded."""
-
-    text: str
-    text_pair: str | None
-    ids: list[int]
-    tokens: list[str]
-    offsets: list[tuple[int, int]]
-    segments: list[int]  # 0 = text, 1 = text_pair, -1 = special token
-    special: list[bool]
-    extra: dict[str, list[int]] = field(default_factory=dict)  # e.g. token_type_ids
-    warnings: list[str] = field(default_factory=list)
 
 
 def as_text_list(texts: str | Sequence[str], name: str = "texts") -> list[str]:
@@ -155,52 +141,54 @@ def encode(tokenizer, texts: list[str], pairs: list[str] | None, max_length: int
             index = 0
             warnings.append(f"{what}: truncated to {max_length} tokens")
         ids = list(enc["input_ids"][index])
+        offsets = [tuple(map(int, o)) for o in enc["offset_mapping"][index]]
+        warnings.extend(unknown_pieces(tokenizer, ids, offsets, text, pair, enc.sequence_ids(index)
+                                       if enc.encodings else None))
         seq_ids = enc.sequence_ids(index) if enc.encodings else [None] * len(ids)
         special = [bool(s) for s in enc["special_tokens_mask"][index]]
         segments = [-1 if (sid is None or sp) else int(sid) for sid, sp in zip(seq_ids, special)]
         out.append(Encoded(
             text=text, text_pair=pair, ids=ids, tokens=tokenizer.convert_ids_to_tokens(ids),
-            offsets=[tuple(map(int, o)) for o in enc["offset_mapping"][index]], segments=segments, special=special,
+            offsets=offsets, segments=segments, special=special,
             extra={name: list(enc[name][index]) for name in keep if name in enc}, warnings=warnings,
         ))
     return out
 
 
-def collate(items: list[Encoded], pad_id: int | None, padding_side: str, device, position_ids: bool
-            ) -> dict[str, torch.Tensor]:
-    """Pad a list of encodings into a batch; decoders also get position ids that skip left padding."""
-    width = max(len(item.ids) for item in items)
-    if pad_id is None:
-        if any(len(item.ids) != width for item in items):
-            raise InvalidInputError("the tokenizer has neither a pad nor an end-of-sequence token, so texts of "
-                                    "different lengths cannot share a batch: set tokenizer.pad_token, or pass "
-                                    "batch_size=1")
-        pad_id = 0  # never written: every row is full width
-    ids = torch.full((len(items), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(items), width), dtype=torch.long)
-    extras = {name: torch.zeros((len(items), width), dtype=torch.long) for name in items[0].extra}
-    for row, item in enumerate(items):
-        n = len(item.ids)
-        cols = slice(width - n, width) if padding_side == "left" else slice(0, n)
-        ids[row, cols] = torch.tensor(item.ids)
-        mask[row, cols] = 1
-        for name, values in item.extra.items():
-            extras[name][row, cols] = torch.tensor(values)
-    batch = {"input_ids": ids, "attention_mask": mask, **extras}
-    if position_ids:
-        batch["position_ids"] = (mask.cumsum(-1) - 1).clamp(min=0)
-    return {k: v.to(device) for k, v in batch.items()}
+def unknown_pieces(tokenizer, ids: list[int], offsets: list[tuple[int, int]], text: str, pair: str | None,
+                   sequence_ids: list | None) -> list[str]:
+    """A warning naming the pieces of the text the tokenizer does not know (they became its unknown token, e.g.
+    emoji in a BERT vocabulary), or nothing."""
+    unk = getattr(tokenizer, "unk_token_id", None)
+    if unk is None or unk not in ids:
+        return []
+    pieces = []
+    for i, token in enumerate(ids):
+        if token == unk:
+            source = pair if sequence_ids is not None and sequence_ids[i] == 1 else text
+            start, end = offsets[i]
+            pieces.append(source[start:end] if source is not None and end > start else "?")
+    shown = ", ".join(repr(p if len(p) <= 24 else p[:20] + "…") for p in pieces[:8])
+    shown += f" and {len(pieces) - 8} more" if len(pieces) > 8 else ""
+    return [f"{len(pieces)} piece(s) of the text are not in the tokenizer's vocabulary and became "
+            f"{tokenizer.unk_token}: {shown}; their scores are the unknown token's"]
 
 
-def batches(encoded: list[Encoded], batch_size: int, tokenizer, adapter: Adapter, device
+def warn_user(items: Sequence[Encoded]) -> None:
+    """Raise each item's warnings as an :class:`~normx.errors.InputWarning` (Python shows it once per place)."""
+    for i, item in enumerate(items):
+        for message in item.warnings:
+            _warnings.warn(f"text {i}: {message}" if len(items) > 1 else message, InputWarning, stacklevel=3)
+
+
+def batches(encoded: list[Encoded], batch_size: int, tokenizer, device
             ) -> Iterator[tuple[list[Encoded], dict[str, torch.Tensor]]]:
-    """``(items, inputs)`` for every ``batch_size`` consecutive encodings: padded with :func:`pad_token_id` on the
-    adapter's side (decoders with position ids that skip the padding), on ``device``."""
+    """``(items, inputs)`` for every ``batch_size`` consecutive encodings: padded on the right with
+    :func:`pad_token_id` (:func:`collate`), on ``device``."""
     pad_id = pad_token_id(tokenizer)
-    side = adapter.padding_side(tokenizer)
     for start in range(0, len(encoded), batch_size):
         items = encoded[start:start + batch_size]
-        yield items, collate(items, pad_id, side, device, position_ids=adapter.decoder)
+        yield items, collate(items, pad_id, device)
 
 
 def token_budget_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:

@@ -24,7 +24,8 @@ from normx.evaluation.faithfulness.metrics import K_VALUES, aopc
 from normx.evaluation.faithfulness.perturbation import MODES, Item, perturb, ranking
 from normx.explanations.generation import explain_generation
 
-DEFAULT_METHODS = ("normxlogit", "gradient_x_input", "integrated_gradients", "random")
+DEFAULT_METHODS = ("normxlogit", "gradient_x_input", "integrated_gradients", "attention", "norm_attention", "recency",
+                   "random")
 
 
 @dataclass
@@ -125,7 +126,7 @@ class _Probabilities:
         handle = self.handle
         for start in range(0, len(todo), self.batch_size):
             chunk = todo[start:start + self.batch_size]
-            batch = collate([item for _, (item, _) in chunk], self.pad, "right", handle.device, position_ids=True)
+            batch = collate([item for _, (item, _) in chunk], self.pad, handle.device)
             last = torch.tensor([item.pooled for _, (item, _) in chunk], device=handle.device)
             wanted = torch.tensor([token for _, (_, token) in chunk], device=handle.device)
             with handle.using(), torch.no_grad():

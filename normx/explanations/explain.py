@@ -12,7 +12,7 @@ import numpy as np
 from normx._torch import torch
 from normx.core.forward import Pass
 from normx.core.handle import ModelHandle, model_handle
-from normx.core.inputs import Encoded, batches, encode, positive_int, resolve_max_length, text_inputs
+from normx.core.inputs import Encoded, batches, encode, positive_int, resolve_max_length, text_inputs, warn_user
 from normx.core.labels import LabelSpace
 from normx.errors import InvalidInputError, LayerOutOfRangeError, PairNotSupportedError, PairRequiredError
 from normx.explanations.result import Explanation, Explanations
@@ -73,13 +73,16 @@ def explain(model, tokenizer, texts: str | Sequence[str], method: str = "normxlo
     base, adapter = plan.base, plan.adapter
     limit = resolve_max_length(max_length, tokenizer, plan.handle)
     encoded = encode(tokenizer, texts, pairs, limit, truncation)
+    warn_user(encoded)
     if adapter.kind is HeadKind.MASKED_LM and tokenizer.mask_token_id is None:
         raise InvalidInputError(f"{type(base).__name__} has a masked-LM head but its tokenizer has no mask token")
     settings = {"method": plan.method.name, "target": target, "foil": foil, "layer": layer, "embedding": embedding,
                 **model_settings(plan.handle), "max_length": limit, "label_dependent": plan.method.label_dependent,
+                "reading": plan.method.reading_for(plan.options, regression=plan.labels.regression,
+                                                   foil=foil is not None),
                 **plan.options}
     results: list[Explanation] = []
-    for items, inputs in batches(encoded, batch_size, tokenizer, adapter, plan.handle.device):
+    for items, inputs in batches(encoded, plan.handle.rows_per_pass(batch_size), tokenizer, plan.handle.device):
         out = attribute_batch(plan, inputs)
         scores = out.scores.cpu().numpy()
         logits = out.logits
@@ -177,7 +180,7 @@ def prepare(model, tokenizer, method: str = "normxlogit", target=None, layer=Non
 def attribute_batch(plan: Plan, inputs: dict[str, torch.Tensor],
                     columns: torch.Tensor | None = None) -> BatchAttribution:
     """One batch of :func:`explain` without the tokenising and the result objects: ``inputs`` as
-    :func:`normx.core.inputs.collate` makes them (``input_ids``, ``attention_mask``, the tokenizer's extra inputs,
+    :func:`normx.core.batch.collate` makes them (``input_ids``, ``attention_mask``, the tokenizer's extra inputs,
     decoders' ``position_ids``), on the model's device; ``columns`` [B, K]: each row's own target columns (by
     default the plan's, or the prediction). Runs in eval mode, holding the model shared
     (:func:`normx.core.concurrency.using`): safe to call from several threads on one model."""

@@ -3,10 +3,13 @@
 In a causal LM the hidden state at position i depends only on the tokens at positions <= i. So one forward pass over
 the prompt and its continuation holds every generation step: the head on every position, read at each generated
 token's vocabulary column and kept at the positions before that token, is what the step's own pass on its prefix
-would give. The head-on-top methods (NormXLogit, LogAt, l2 and the variants: ``Method.per_position``) take that one
-pass for all steps, batched over prompts; the others (the gradient methods, which differentiate the prediction; the
-random baselines) take one pass (and backward pass) per step on its prefix, the steps batched as rows. Everything
-is computed from the ids the model produced, never from re-encoded text.
+would give. The head-on-top methods (NormXLogit, LogAt, l2 and the variants: ``Method.per_position``) and the
+recency baseline take that one pass for all steps, batched over prompts; so do the decoder attention maps
+(``Method.query_rows``: attention, norm-based attention), whose row for the prediction at position q is final once q
+has run, so step t reads row q = p - 1 of the one pass (p: the generated token's index) over the keys before p. The
+others (the gradient methods, which differentiate the prediction; the random baselines) take one pass (and backward
+pass) per step on its prefix, the steps batched as rows. Everything is computed from the ids the model produced,
+never from re-encoded text.
 """
 
 from __future__ import annotations
@@ -17,10 +20,12 @@ import numpy as np
 
 from normx._torch import torch
 from normx.core.concurrency import tokenizer_lock
+from normx.core.forward import Pass
 from normx.core.inputs import Encoded, batches, max_input_length, positive_int
 from normx.errors import EmptyTextError, InputTooLongError, InvalidInputError, UnsupportedModelError
 from normx.explanations.explain import Plan, attribute_batch, model_settings, prepare
 from normx.explanations.generation_result import Generation, Generations
+from normx.methods import Context
 from normx.models import HeadKind
 
 
@@ -71,9 +76,10 @@ def explain_generation(model, tokenizer, prompts: str | Sequence[str], method: s
         sequences.append((prompt, ids, new))
     items = [_encoded(tokenizer, ids + new) for _, ids, new in sequences]
     lengths = [len(ids) for _, ids, _ in sequences]
-    compute = _one_pass if plan.method.per_position else _per_step
+    compute = _one_pass if plan.method.per_position or plan.method.query_rows is not None else _per_step
     scores, probabilities, predictions, shown = compute(plan, tokenizer, items, lengths, batch_size)
     settings = {"method": plan.method.name, "layer": layer, "chat": chat, "max_new_tokens": max_new_tokens,
+                "reading": plan.method.reading_for(plan.options), "label_dependent": plan.method.label_dependent,
                 "teacher_forcing": target is not None, "gen_args": dict(gen_args or {}),
                 **model_settings(plan.handle), **plan.options}
     out = [Generation(prompt=prompt, text=item.text, token_ids=list(item.ids), tokens=list(item.tokens),
@@ -165,7 +171,7 @@ def _one_pass(plan: Plan, tokenizer, items: list[Encoded], lengths: list[int], b
     scores, probabilities, predictions, shown = [], [], [], []
     base, adapter = plan.base, plan.adapter
     starts = iter(lengths)
-    for batch, inputs in batches(items, batch_size, tokenizer, adapter, plan.handle.device):
+    for batch, inputs in batches(items, plan.handle.rows_per_pass(batch_size), tokenizer, plan.handle.device):
         rows = [(item, next(starts)) for item in batch]
         steps = max(len(item.ids) - length for item, length in rows)
         if steps == 0:
@@ -176,10 +182,11 @@ def _one_pass(plan: Plan, tokenizer, items: list[Encoded], lengths: list[int], b
                 shown.append([])
             continue
         keep = [np.flatnonzero(m) for m in inputs["attention_mask"].bool().cpu().numpy()]
-        columns = torch.tensor([_padded(item.ids[length:], steps) for item, length in rows], device=inputs[
-            "input_ids"].device)
-        out = attribute_batch(plan, inputs, columns)
-        run = out.run
+        device = inputs["input_ids"].device
+        columns = torch.tensor([_padded(item.ids[length:], steps) for item, length in rows], device=device)
+        queries = torch.tensor([_padded(keep[r][length - 1:len(item.ids) - 1].tolist(), steps)
+                                for r, (item, length) in enumerate(rows)], device=device)
+        every, run = _all_steps(plan, inputs, columns, queries)
         last = run.head_input(adapter.num_layers(base))  # [B, T, H], after the final norm
         with plan.handle.using(), torch.no_grad():
             for r, (item, length) in enumerate(rows):
@@ -188,7 +195,7 @@ def _one_pass(plan: Plan, tokenizer, items: list[Encoded], lengths: list[int], b
                 logits = adapter.head(base, last[r, where], None).float()  # [n, V] at the positions before
                 probs = torch.softmax(logits, -1).gather(1, columns[r, :n, None])[:, 0]
                 shown.append([plan.labels.prediction(logits[i], [item.ids[length + i]])[1] for i in range(n)])
-                matrix = out.scores[r, :n][:, :, keep[r]].permute(1, 0, 2).cpu().numpy().copy()  # [L, n, T]
+                matrix = every[r, :n][:, :, keep[r]].permute(1, 0, 2).cpu().numpy().copy()  # [L, n, T]
                 _mask_after(matrix, length)
                 scores.append(matrix)
                 probabilities.append(probs.cpu().numpy().astype(np.float32))
@@ -196,14 +203,32 @@ def _one_pass(plan: Plan, tokenizer, items: list[Encoded], lengths: list[int], b
     return scores, probabilities, predictions, shown
 
 
+def _all_steps(plan: Plan, inputs: dict, columns: torch.Tensor, queries: torch.Tensor) -> tuple[torch.Tensor, Pass]:
+    """Every step's scores [B, steps, layers, T] from one pass, and that pass. A per-position method scores every
+    position for each step's column (the step's row: the positions before its token); a per-query method
+    (``Method.query_rows``) gives each step's row at its query position, the token before the generated one."""
+    method = plan.method
+    if method.query_rows is None:
+        out = attribute_batch(plan, inputs, columns)
+        return out.scores, out.run
+    run = Pass(plan.base, plan.adapter, inputs, plan.layers, plan.embedding, reads=plan.reads).locate()
+    ctx = Context(run, plan.labels, columns, None, options=plan.options)
+    with plan.handle.using(), torch.no_grad():
+        every = method.query_rows(ctx, queries).float()
+    if not run.hidden:
+        raise RuntimeError(f"method {method.name!r} has query_rows but did not run its forward pass on ctx.run")
+    return every, run
+
+
 def _per_step(plan: Plan, tokenizer, items: list[Encoded], lengths: list[int], batch_size: int):
     """One pass (and backward pass) per generated token, on its prefix, the prefixes batched as rows."""
     prefixes = [(i, p) for i, (item, length) in enumerate(zip(items, lengths)) for p in range(length, len(item.ids))]
     found = {}
+    batch_size = plan.handle.rows_per_pass(batch_size)
     for start in range(0, len(prefixes), batch_size):
         chunk = prefixes[start:start + batch_size]
         encoded = [_prefix(items[i], p) for i, p in chunk]
-        (_, inputs), = batches(encoded, len(encoded), tokenizer, plan.adapter, plan.handle.device)
+        (_, inputs), = batches(encoded, len(encoded), tokenizer, plan.handle.device)
         columns = torch.tensor([[items[i].ids[p]] for i, p in chunk], device=inputs["input_ids"].device)
         out = attribute_batch(plan, inputs, columns)
         mask = inputs["attention_mask"].bool().cpu().numpy()

@@ -3,7 +3,7 @@ before it (:func:`normx.explanations.generation.explain_generation`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
@@ -12,7 +12,7 @@ from normx.explanations.result import Explanation, _floats, _plain, layer_positi
 from normx.models import HeadKind
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Generation:
     """A prompt, what the model wrote after it, and why, step by step.
 
@@ -48,6 +48,42 @@ class Generation:
             raise ValueError(f"scores has shape {tuple(self.scores.shape)}, expected {expected}")
         if not 0 <= self.prompt_length <= len(self.tokens) or len(self.token_ids) != len(self.tokens):
             raise ValueError("prompt_length and token_ids must fit the tokens")
+
+    def __eq__(self, other) -> bool:
+        """Equal fields; arrays equal as float32 (NaN equal to NaN); settings as plain JSON data."""
+        if not isinstance(other, Generation):
+            return NotImplemented
+        for f in fields(self):
+            a, b = getattr(self, f.name), getattr(other, f.name)
+            if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+                a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+                if a.shape != b.shape or not np.array_equal(a, b, equal_nan=True):
+                    return False
+            elif f.name == "settings":
+                if _plain(a) != _plain(b):
+                    return False
+            elif f.name == "offsets":
+                if [tuple(o) for o in a] != [tuple(o) for o in b]:
+                    return False
+            elif a != b:
+                return False
+        return True
+
+    __hash__ = None
+
+    def __repr__(self) -> str:
+        """A readable summary: the continuation, and per generated token its probability and the earlier tokens it
+        drew on most (at the last computed layer), not the arrays."""
+        lines = [f"Generation({self.method}, {self.steps} generated tokens after a {self.prompt_length}-token prompt, "
+                 f"layer {self.layers[-1]}: {self.continuation!r}"]
+        shown = min(self.steps, 8)
+        for t in range(shown):
+            top = ", ".join(f"{token!r} {score:+.3g}" for _, token, score in self.top(t))
+            lines.append(f"  step {t} {self.tokens[self.prompt_length + t]!r} p={float(self.probabilities[t]):.3f}"
+                         f" <- {top}")
+        if self.steps > shown:
+            lines.append(f"  ... {self.steps - shown} more steps")
+        return "\n".join(lines) + ")"
 
     # ---- views -----------------------------------------------------------------------------------------------------
     @property

@@ -1,11 +1,10 @@
 """Self-contained HTML views of explanations, for notebooks (``_repr_html_``) and files (``to_html``).
 
 No external assets and no script: inline styles only, so a view shows the same in Jupyter, in a saved notebook, in
-an e-mail or in a file opened from disk. The colours follow the demo's (red: the unit pushes toward the label,
-purple: away from it; stronger = larger |score|) and the shared scale rule
-(:func:`normx.explanations.display.scale_of`: each view is scaled by its largest |score| among the units that are
-not special tokens). Every function returns a string. (Explanations are passed in, not imported: the result types
-call these functions for their own views.)
+an e-mail or in a file opened from disk. The colours, scales and legends are the shared colour language of
+:mod:`normx.explanations.display` (signed scores on a red / purple diverging scale, relative and unsigned ones on
+one colour; each view says which). Every function returns a string. (Explanations are passed in, not imported: the
+result types call these functions for their own views.)
 """
 
 from __future__ import annotations
@@ -15,35 +14,27 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from normx.explanations.display import scale_of
+from normx.explanations.display import AMOUNT, AWAY, TOWARD, Scale, contrast_reading, reading_of, scale_for
 
-POSITIVE, NEGATIVE = (239, 68, 60), (128, 90, 213)  # the demo's highlighted-text colours
+POSITIVE, NEGATIVE = TOWARD, AWAY  # (the names the report page reads)
 _BOX = ("font-family:system-ui,-apple-system,'Segoe UI',sans-serif;font-size:14px;line-height:1.9;"
         "margin:6px 0;color:#111")
 _TITLE = "font-size:12px;color:#555;margin-top:4px"
 
 
-def colour(value: float, scale: float) -> str:
-    """The CSS background of a score on a scale (transparent for 0, NaN or a zero scale)."""
-    if not np.isfinite(value) or scale <= 0 or value == 0:
-        return "transparent"
-    rgb = POSITIVE if value > 0 else NEGATIVE
-    return f"rgba({rgb[0]},{rgb[1]},{rgb[2]},{min(abs(value) / scale, 1.0):.3f})"
-
-
-def span(text: str, value: float, scale: float, special: bool = False, tip: str = "") -> str:
+def span(text: str, value: float, scale: Scale, special: bool = False, tip: str = "") -> str:
     """One unit as a span coloured by ``value`` on ``scale``, ``tip`` as its tooltip (special tokens small and
     dashed)."""
-    style = f"background:{colour(value, scale)};border-radius:3px;padding:1px 1px"
+    style = f"background:{scale.css(value)};border-radius:3px;padding:1px 1px"
     if special:
         style += ";font-size:11px;color:#666;border:1px dashed #bbb"
     return f'<span class="normx-unit" style="{style}" title="{html.escape(tip)}">{html.escape(text)}</span>'
 
 
-def highlighted(view, row: np.ndarray, scale: float | None = None) -> str:
+def highlighted(view, row: np.ndarray, scale: Scale | None = None) -> str:
     """The units of ``view`` as highlighted spans in reading order, with the text between them kept (a pair's
     second text after a separator); each span's tooltip gives its token and score."""
-    scale = scale_of(view, [row]) if scale is None else scale
+    scale = scale_for(view, [row]) if scale is None else scale
     texts = {0: view.text, 1: view.text_pair or ""}
     out, cursor = [], {0: 0, 1: 0}
     for i, token in enumerate(view.tokens):
@@ -62,13 +53,25 @@ def highlighted(view, row: np.ndarray, scale: float | None = None) -> str:
     return "".join(out)
 
 
-def legend(scale: float | None = None) -> str:
-    """The colour key; ``scale``: the |score| of full colour (None: each view or row has its own)."""
-    full = "each view at full colour at its own largest |score|" if scale is None else \
-        f"full colour at |score| = {scale:.4g}"
-    return (f'<div style="{_TITLE}"><span style="background:{colour(1, 1)};padding:0 6px">&nbsp;</span> toward the '
-            f'label &nbsp; <span style="background:{colour(-1, 1)};padding:0 6px">&nbsp;</span> away from it '
-            f"&nbsp; {full}; hover a unit for its score</div>")
+def swatch(reading: str) -> str:
+    """The colour key of a reading: the two colours of a signed scale, the one colour of the others."""
+    def box(rgb) -> str:
+        return f'<span style="background:rgba({rgb[0]},{rgb[1]},{rgb[2]},0.85);padding:0 6px">&nbsp;</span>'
+    if reading == "signed":
+        return f"{box(TOWARD)} toward the label &nbsp; {box(AWAY)} away from it"
+    return f"{box(AMOUNT)} " + ("higher score (relative: compare tokens, not signs)" if reading == "relative"
+                                else "larger magnitude (unsigned)")
+
+
+def legend(reading: str = "signed") -> str:
+    """The colour key under a group of views: what the colours mean for this reading; every view's own scale is in
+    its title; hovering a unit shows its score."""
+    meaning = {"signed": "each view at full colour at its own largest |score|",
+               "relative": "each view from its lowest score (no colour) to its highest (full colour); the scores are "
+                           "a logit times a norm, so their zero means nothing: compare tokens, and read the "
+                           "contrast of two labels for toward / away",
+               "magnitude": "each view at full colour at its own largest score"}[reading]
+    return f'<div style="{_TITLE}">{swatch(reading)} &nbsp; {meaning}; hover a unit for its score</div>'
 
 
 def _heading(e) -> str:
@@ -81,30 +84,33 @@ def _heading(e) -> str:
             f"{e.unit}s</div>")
 
 
-def _view(title: str, view, row: np.ndarray) -> str:
-    scale = scale_of(view, [row])
-    return (f'<div style="{_TITLE}">{html.escape(title)} <span style="color:#999">(full colour at |score| = '
-            f'{scale:.4g})</span></div><div class="normx-view">{highlighted(view, row, scale)}</div>')
+def _view(title: str, view, row: np.ndarray, reading: str | None = None, scale: Scale | None = None) -> str:
+    scale = scale or scale_for(view, [row], reading)
+    return (f'<div style="{_TITLE}">{html.escape(title)} <span style="color:#999">({html.escape(scale.legend())})'
+            f'</span></div><div class="normx-view">{highlighted(view, row, scale)}</div>')
 
 
 def explanation_html(e, layer: int | None = None, words: bool = True) -> str:
     """One explanation: the heading, a view per label at ``layer`` (default: the last computed), the contrast of
     the first two labels, and (collapsed) the word view and every layer of the first label."""
     j = e.layer_index(layer)
+    reading = reading_of(e)
     parts = [_heading(e)]
+    shared = scale_for(e, [e.scores[k, j] for k in range(len(e.labels))], reading)  # the labels on one scale
     for k, label in enumerate(e.labels):
-        parts.append(_view(f"label {label} · layer {e.layers[j]}", e, e.scores[k, j]))
-    if len(e.labels) > 1 and not e.regression:
-        parts.append(_view(f"contrast: {e.labels[0]} − {e.labels[1]} · layer {e.layers[j]}", e,
-                           e.scores[0, j] - e.scores[1, j]))
+        parts.append(_view(f"label {label} · layer {e.layers[j]}", e, e.scores[k, j], scale=shared))
+    if len(e.labels) > 1 and not e.regression and reading != "magnitude":
+        parts.append(_view(f"contrast: {e.labels[0]} − {e.labels[1]} · layer {e.layers[j]} (toward "
+                           f"{e.labels[0]} rather than {e.labels[1]})", e, e.scores[0, j] - e.scores[1, j],
+                           contrast_reading(reading)))
     if words and e.unit == "token":
         w = e.words()
         parts.append(_details("words (sum of their tokens)", _view(f"label {w.labels[0]} · layer {w.layers[j]}", w,
-                                                                  w.scores[0, j])))
+                                                                  w.scores[0, j], reading)))
     if len(e.layers) > 1:
-        rows = [_view(f"layer {layer_}", e, e.scores[0, i]) for i, layer_ in enumerate(e.layers)]
+        rows = [_view(f"layer {layer_}", e, e.scores[0, i], reading) for i, layer_ in enumerate(e.layers)]
         parts.append(_details(f"every layer (label {e.labels[0]})", "".join(rows)))
-    return f'<div class="normx-explanation" style="{_BOX}">{"".join(parts)}{legend()}</div>'
+    return f'<div class="normx-explanation" style="{_BOX}">{"".join(parts)}{legend(reading)}</div>'
 
 
 def _details(summary: str, body: str) -> str:
@@ -120,26 +126,33 @@ def explanations_html(items: Sequence) -> str:
 
 def generation_html(g) -> str:
     """A generation (:class:`~normx.explanations.generation_result.Generation`): the prompt and the continuation,
-    then a matrix with one row per generated token and one column per token of the sequence, each row scaled by
-    its own largest |score| (the row of the token at index p has p cells)."""
+    then a matrix with one row per generated token and one column per token of the sequence, each row on its own
+    scale (:func:`~normx.explanations.display.scale_for`; the row of the token at index p has p cells)."""
     head = (f'<div style="{_TITLE}">{html.escape(g.method)} · layer {g.layers[-1]} · {g.steps} generated tokens'
             f'</div><div>{html.escape(g.text[:g.offsets[g.prompt_length][0]] if g.steps else g.text)}'
             f'<b style="background:#eef">{html.escape(g.continuation)}</b></div>')
+    reading = reading_of(g)
     cell = "padding:2px 4px;font-size:11px;white-space:pre;border:1px solid #eee"
     header = "".join(f'<th style="{cell};font-weight:400;color:#555">{html.escape(t)}</th>' for t in g.tokens[:-1])
     rows = []
     for t, p in enumerate(g.generated):
         row = g.rows()[t]
-        finite = np.abs(row[np.isfinite(row)])
-        scale = float(finite.max()) if finite.size else 0.0
-        cells = "".join(f'<td style="{cell};background:{colour(float(v), scale)}" '
+        scale = scale_for(_Units(g.special[:p]), [row], reading)
+        cells = "".join(f'<td style="{cell};background:{scale.css(float(v))}" '
                         f'title="{html.escape(g.tokens[i])}: {float(v):+.4g}"></td>' for i, v in enumerate(row))
         cells += f'<td style="{cell}"></td>' * (len(g.tokens) - 1 - p)
         rows.append(f'<tr><th style="{cell};text-align:right">{html.escape(g.tokens[p])} '
                     f'<span style="color:#888">p={g.probabilities[t]:.2f}</span></th>{cells}</tr>')
     table = (f'<div style="overflow-x:auto"><table style="border-collapse:collapse;margin-top:6px">'
              f'<tr><th style="{cell}"></th>{header}</tr>{"".join(rows)}</table></div>')
-    return f'<div class="normx-generation" style="{_BOX}">{head}{table}{legend(None)}</div>'
+    return f'<div class="normx-generation" style="{_BOX}">{head}{table}{legend(reading)}</div>'
+
+
+class _Units:
+    """The units a row of a generation scores (what the scale rule reads of a view)."""
+
+    def __init__(self, special: Sequence[bool]):
+        self.special, self.tokens = list(special), list(special)
 
 
 def page(body: str, title: str = "normx") -> str:

@@ -137,6 +137,18 @@ class Explanation:
 
     __hash__ = None
 
+    def __repr__(self) -> str:
+        """A readable summary: method, prediction, and the tokens with their scores (the first label, the last
+        computed layer), not the arrays."""
+        label = self.labels[0] if self.labels else None
+        head = (f"{self.method}, {self.settings.get('model_class') or self.family}, layer {self.layers[-1]}, "
+                f"scores for {label!r}; prediction {self.prediction!r}")
+        p = self.probabilities.get(str(self.prediction))
+        head += "" if p is None else f" (p={p:.3f})"
+        more = f"; {len(self.labels)} labels x {len(self.layers)} layers in .scores" \
+            if len(self.labels) > 1 or len(self.layers) > 1 else ""
+        return f"Explanation({head}{more}:\n  {token_line(self.tokens, self.token_scores())})"
+
     @classmethod
     def from_dict(cls, data: dict) -> Explanation:
         """The :class:`Explanation` that :meth:`to_dict` wrote (equal to it: ``Explanation.from_dict(e.to_dict())
@@ -201,6 +213,14 @@ class Explanation:
             "groups": [list(g) for g in self.groups],
             "diagnostics": _plain(self.diagnostics),
         }
+
+
+def token_line(tokens: list[str], scores, limit: int = 24) -> str:
+    """``token:+1.23  token:-0.5 ...`` for a repr: at most ``limit`` tokens (the first and last halves)."""
+    cells = [f"{token}:{'nan' if value != value else f'{value:+.3g}'}" for token, value in zip(tokens, scores)]
+    if len(cells) > limit:
+        cells = [*cells[:limit // 2], f"... ({len(cells) - limit} more)", *cells[-(limit // 2):]]
+    return "  ".join(cells)
 
 
 def layer_position(layers: list[int], layer: int | None, what: str) -> int:

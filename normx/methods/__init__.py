@@ -1,12 +1,13 @@
 """Attribution methods: the registry (:mod:`~normx.methods.registry`: what a method is, its options, the context it
 computes from) and the built-in methods, which register themselves on import: the head-on-top methods (NormXLogit,
 LogAt, ℓ2; :mod:`~normx.methods.headontop`) and their experimental variants, the gradient methods, the random
-baselines, DecompX and the context-mixing methods (GlobEnc, ALTI, Value Zeroing).
+baselines (random, recency), DecompX, the context-mixing methods (GlobEnc, ALTI, Value Zeroing) and the decoder
+attention maps (attention, norm-based attention; :mod:`~normx.methods.decoder`).
 
 Layer 3: imports ``normx.core`` and ``normx.models``; ``normx.explanations`` runs the methods by name.
 """
 
-from normx.methods import baselines, decompx, gradients, headontop, mixing, variants  # noqa: F401 (registration)
+from normx.methods import baselines, decoder, decompx, gradients, headontop, mixing, variants  # noqa: F401 (registration)
 from normx.methods.registry import (
     RESERVED_OPTIONS,
     Context,

@@ -1,5 +1,6 @@
-"""Random baselines: seeded uniform scores per position (``random``) or per token type (``random_types``), the same
-for a text in any batch, at any position, on any device."""
+"""Model-free baselines: seeded uniform scores per position (``random``) or per token type (``random_types``), the
+same for a text in any batch, at any position, on any device; and each token's position (``recency``: later tokens
+first)."""
 
 from __future__ import annotations
 
@@ -38,13 +39,25 @@ def _random_types(ctx: Context) -> torch.Tensor:
     return _seeded_scores(ctx, "normx-random-types", draw)
 
 
+def _recency(ctx: Context) -> torch.Tensor:
+    """Each real token's position among the text's tokens (0, 1, ...): later tokens score higher. Padding gets 0."""
+    mask = ctx.run.inputs["attention_mask"]
+    positions = (mask.cumsum(-1) - 1).clamp_min(0) * mask
+    return ctx.expand(positions.float()[:, None])
 
 
 register_method(Method(
     "random_types", _random_types,
     "Random baseline per token type: every occurrence of a vocabulary id in a text (or pair) gets the same seeded "
     "uniform score; on sentence pairs it removes shared words from both sentences at once",
-    display="Random (per type)", label_dependent=False, layered=False, options=[Option("seed", 0, "the seed", int)]))
+    display="Random (per type)", label_dependent=False, layered=False, reading="magnitude",
+    options=[Option("seed", 0, "the seed", int)]))
 register_method(Method(
     "random", _random, "Random baseline: uniform [0, 1) scores, seeded by (seed, text); label-independent",
-    display="Random", label_dependent=False, layered=False, options=[Option("seed", 0, "the seed", int)]))
+    display="Random", label_dependent=False, layered=False, reading="magnitude",
+    options=[Option("seed", 0, "the seed", int)]))
+register_method(Method(
+    "recency", _recency,
+    "Recency baseline: the score of token j is its position j (0 for the first token), so later tokens rank first; "
+    "model-free, label-independent; in a causal LM one pass holds every generation step",
+    display="Recency", label_dependent=False, layered=False, reading="magnitude", per_position=True))

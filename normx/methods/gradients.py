@@ -281,22 +281,28 @@ def _check_ig(options: dict[str, Any]) -> dict[str, Any]:
 AGGREGATION = Option("aggregation", "l1", "how each token's attribution vector is summed up over the embedding "
                      "dimensions: l1 (the paper's), l2 or sum (signed)", str, AGGREGATIONS)
 
+
+def _reading(options) -> str:
+    """Summed attributions keep their sign (toward / away); l1 and l2 aggregations are magnitudes."""
+    return "signed" if options.get("aggregation") == "sum" else "magnitude"
+
+
 register_method(Method(
     "gradient_norm", _gradient_norm,
     "Gradient Norm: the gradient of the target's logit w.r.t. each token's word embedding, aggregated over the "
     "embedding dimensions (aggregation: l1 | l2 | sum)",
-    display="Gradient Norm", layered=False, predicts=True, options=[AGGREGATION],
+    display="Gradient Norm", layered=False, predicts=True, options=[AGGREGATION], reading=_reading,
     cost=lambda tokens, targets, options: 1 + targets))  # one forward, one backward per target (~ a forward each)
 register_method(Method(
     "gradient_x_input", _gradient_x_input,
     "Gradient x Input: gradient times word embedding, aggregated over the embedding dimensions",
-    display="Gradient×Input", layered=False, predicts=True, options=[AGGREGATION],
+    display="Gradient×Input", layered=False, predicts=True, options=[AGGREGATION], reading=_reading,
     cost=lambda tokens, targets, options: 1 + targets))
 register_method(Method(
     "integrated_gradients", _integrated_gradients,
     "Integrated Gradients from a zero (or pad-token) embedding baseline to the word embeddings, as Captum "
     "(n_steps, rule, internal_batch_size); reports the convergence delta",
-    display="Integrated Gradients", layered=False, check_options=_check_ig,
+    display="Integrated Gradients", layered=False, check_options=_check_ig, reading=_reading,
     diagnostics=("convergence_delta", "output_difference"),
     cost=lambda tokens, targets, options: 2 + options["n_steps"] * (1 + targets),  # each step: forward + backwards
     options=[Option("n_steps", 50, "integration steps", int),

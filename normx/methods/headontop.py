@@ -53,4 +53,4 @@ register_method(Method(
 register_method(Method(
     "l2norm", _l2norm,
     "l2 norm of each token's representation (default layer 0, the input embedding); label-independent",
-    display="ℓ2 norm", default_layer="input", label_dependent=False, per_position=True))
+    display="ℓ2 norm", default_layer="input", label_dependent=False, per_position=True, reading="magnitude"))

@@ -135,9 +135,18 @@ class Method:
     # its score at position i reads only position i's representations in the pass that makes the prediction (the
     # head-on-top methods): in a causal LM one pass over a prompt and its continuation holds every generation step
     per_position: bool = False
+    # label-independent methods whose score for the prediction at query position q is row q of a per-query map that
+    # one forward pass holds (decoder attention maps): query_rows(ctx, queries [B, Q]) -> [B, Q, layers, T] runs that
+    # pass itself on ctx.run (located only; its captured layers are there after) and returns the rows at each
+    # batch row's own query positions; in a causal LM one pass over a prompt and its continuation holds every step
+    query_rows: Callable[[Context, torch.Tensor], torch.Tensor] | None = None
     # it holds the model exclusively for a forward pass (eager attention, a model-wide switch): every other call on
     # the model waits meanwhile, so a server runs it in its lane for expensive work, never beside long work
     exclusive: bool = False
+    # how its scores read, which decides how every view draws them (normx.explanations.display): "signed" (the sign
+    # says toward / away from the label, 0 is no effect), "relative" (a logit-like score whose zero is arbitrary:
+    # compare tokens, not signs) or "magnitude" (unsigned amounts); or a function of the options that decide it
+    reading: str | Callable[[Mapping[str, Any]], str] = "relative"
 
     def __post_init__(self):
         options = self.options
@@ -148,6 +157,17 @@ class Method:
             raise TypeError(f"method {self.name!r}: options must be normx.Option objects, got {bad}")
         object.__setattr__(self, "options", dict(options))
         object.__setattr__(self, "display", self.display or self.name)
+
+    def reading_for(self, options: Mapping[str, Any] | None = None, *, regression: bool = False,
+                    foil: bool = False) -> str:
+        """How its scores read with ``options`` (see ``reading``): on a regression head the head-on-top methods'
+        distances are magnitudes; a contrast with a foil of a label-dependent method is signed."""
+        reading = self.reading(self.resolve_options(dict(options or {}))) if callable(self.reading) else self.reading
+        if regression and self.regression_distance:
+            return "magnitude"
+        if foil and self.label_dependent and reading == "relative":
+            return "signed"
+        return reading
 
     @property
     def all_layers(self) -> str | None:
@@ -198,7 +218,8 @@ class Method:
 # explain's own settings keys, which an option name must not shadow
 RESERVED_OPTIONS = frozenset({
     "method", "target", "foil", "layer", "embedding", "model_class", "family", "kind", "regression", "peft",
-    "max_length", "dtype", "device", "label_dependent", "pooled_index", "text_pair", "batch_size", "truncation"})
+    "max_length", "dtype", "device", "label_dependent", "reading",
+    "pooled_index", "text_pair", "batch_size", "truncation"})
 
 
 _METHODS: dict[str, Method] = {}

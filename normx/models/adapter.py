@@ -83,17 +83,13 @@ class Adapter:
 
     @property
     def decoder(self) -> bool:
-        """A left-to-right decoder: pools the last token, pads on the tokenizer's side, gets position ids."""
+        """A left-to-right decoder: pools the last token, runs without a key-value cache."""
         return self.pooling == "last"
 
     @property
     def forward_kwargs(self) -> dict[str, Any]:
         """Keyword arguments normx adds to the backbone's forward (decoders: no key-value cache)."""
         return {"use_cache": False} if self.decoder else {}
-
-    def padding_side(self, tokenizer) -> str:
-        """Decoders pad where their tokenizer pads (position ids skip the padding); encoders on the right."""
-        return getattr(tokenizer, "padding_side", "right") if self.decoder else "right"
 
     def max_positions(self, config) -> int | None:
         """The longest input the model's position table takes, or None if it has no limit in its config."""

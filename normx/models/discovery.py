@@ -56,23 +56,27 @@ class NotDiscovered(Exception):
     """Why no adapter could be discovered (the message is the reason)."""
 
 
-def head_kind(class_name: str) -> HeadKind | None:
-    """The kind of head transformers' auto-model mappings list the class under, or None."""
+def head_kind(class_name: str, config=None) -> HeadKind | None:
+    """The kind of head transformers' auto-model mappings list the class under, or None. A class listed both as a
+    causal and as a masked LM (XLM's ``XLMWithLMHeadModel``) is a causal LM only where its config says its attention
+    is causal (``causal`` / ``is_decoder``), else a masked LM."""
     from transformers.models.auto import modeling_auto as auto
 
-    for kind, mapping in ((HeadKind.CAUSAL_LM, auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES),
-                          (HeadKind.MASKED_LM, auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES),
-                          (HeadKind.SEQUENCE_CLASSIFICATION, auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES)):
-        for value in mapping.values():
-            if class_name in ((value,) if isinstance(value, str) else tuple(value)):
-                return kind
-    return None
+    found = [kind for kind, mapping in ((HeadKind.CAUSAL_LM, auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES),
+                                        (HeadKind.MASKED_LM, auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES),
+                                        (HeadKind.SEQUENCE_CLASSIFICATION,
+                                         auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES))
+             if any(class_name in ((value,) if isinstance(value, str) else tuple(value)) for value in mapping.values())]
+    if {HeadKind.CAUSAL_LM, HeadKind.MASKED_LM} <= set(found):
+        causal = bool(getattr(config, "causal", False) or getattr(config, "is_decoder", False))
+        return HeadKind.CAUSAL_LM if causal else HeadKind.MASKED_LM
+    return found[0] if found else None
 
 
 def discover(model: nn.Module) -> Adapter:
     """An adapter for ``model`` (PEFT-unwrapped) from its conventions; :class:`NotDiscovered` with the reason."""
     name = type(model).__name__
-    kind = head_kind(name)
+    kind = head_kind(name, model.config)
     if kind is None:
         raise NotDiscovered(f"transformers does not list {name} as a causal LM, masked LM or sequence classifier")
     config = model.config

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import pickle
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import transformers
@@ -11,14 +13,15 @@ from safetensors import SafetensorError
 
 from normx.errors import ModelLoadError, UnsupportedModelError
 from normx.models.discovery import head_kind
+from normx.models.gguf import gguf_file, load_gguf
 from normx.models.registry import supported_models
+from normx.models.tasks import TASKS
 
-TASKS = {
-    "sequence-classification": "AutoModelForSequenceClassification",
-    "masked-lm": "AutoModelForMaskedLM",
-    "causal-lm": "AutoModelForCausalLM",
-}
 _PEFT_TASKS = {"SEQ_CLS": "sequence-classification", "CAUSAL_LM": "causal-lm"}
+# peft asks transformers a deprecated question on every adapter load (is_gradient_checkpointing): a FutureWarning
+# the user can do nothing about. Only that one message, from that one place, is silenced.
+warnings.filterwarnings("ignore", message=r".*`is_gradient_checkpointing` is deprecated", category=FutureWarning,
+                        module=r"transformers\.modeling_utils")
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "spiece.model")
 
 
@@ -30,14 +33,18 @@ class HubUnreachableError(ModelLoadError):
         self.source, self.detail = source, detail
 
 
-def load_pretrained(name_or_path: str | Path, *, task: str | None = None, dtype=None, device=None, **kwargs):
+def load_pretrained(name_or_path: str | Path, *, task: str | None = None, dtype=None, device=None,
+                    notify: Callable[[str], None] | None = None, **kwargs):
     """Load ``(model, tokenizer)``, ready for :func:`normx.explain` (eval mode).
 
     ``name_or_path``: a local model folder, a PEFT adapter folder (``adapter_config.json``; its base is loaded the
-    same way) or a Hugging Face hub id (needs network); :func:`normx.load_model` also takes the offline presets.
-    ``task`` (``"sequence-classification"``, ``"masked-lm"``, ``"causal-lm"``) picks the head when the folder's
-    ``architectures`` has none normx supports, e.g. a bare encoder to be given a fresh head. Other keyword
-    arguments (``num_labels``, ``gguf_file``, ``revision``...) go to ``from_pretrained``.
+    same way), a GGUF file or a folder holding one (loaded as a causal LM unless ``task`` says otherwise, converted
+    once and cached: :mod:`normx.models.gguf`) or a Hugging Face hub id (needs network); :func:`normx.load_model`
+    also takes the offline presets. ``task`` (``"sequence-classification"``, ``"masked-lm"``, ``"causal-lm"``)
+    picks the head when the folder's ``architectures`` has none normx supports, e.g. a bare encoder to be given a
+    fresh head (a warning says when a head's weights are new). ``notify(message)`` is told of slow steps (a GGUF
+    file's first conversion). Other keyword arguments (``num_labels``, ``gguf_file``, ``revision``...) go to
+    ``from_pretrained``.
     """
     if task is not None and task not in TASKS:
         raise ModelLoadError(f"task={task!r} is not known; use one of {sorted(TASKS)}")
@@ -45,6 +52,11 @@ def load_pretrained(name_or_path: str | Path, *, task: str | None = None, dtype=
     kwargs["trust_remote_code"] = False  # never run code from a model folder or hub repository, never ask
     source = str(name_or_path)
     path = Path(source).expanduser()
+    file = path / kwargs.pop("gguf_file") if kwargs.get("gguf_file") else gguf_file(path)
+    if file is not None:
+        if not file.is_file():
+            raise ModelLoadError(f"no GGUF file at {file}")
+        return ready(*load_gguf(file, task=task, tasks=TASKS, dtype=dtype, notify=notify), device)
     if _looks_local(source) and not path.exists():
         raise ModelLoadError(f"no model folder at {path}; give an existing folder or a hub id")
     if not path.exists():
@@ -116,18 +128,21 @@ def _model_class(config, task: str | None, source: str):
             return getattr(transformers, arch)
     raise UnsupportedModelError(
         f"{source} declares architectures {getattr(config, 'architectures', None)}, none of which has a head normx "
-        f"supports ({', '.join(supported)}). Pass task= one of {sorted(TASKS)} to load it with that head "
-        "(a new head is randomly initialised and must be trained before its explanations mean anything)."
+        f"supports ({', '.join(supported)}). Pass task= one of {sorted(TASKS)} (CLI: --task) to load it with that "
+        "head; normx then says whether the head's weights came from the checkpoint or are new."
     )
 
 
-def _load_transformers(source: str, task: str | None, kwargs: dict):
+def _load_transformers(source: str, task: str | None, kwargs: dict, head_from_adapter: bool = False):
     config_kwargs = {k: v for k, v in kwargs.items() if k in ("gguf_file", "revision", "trust_remote_code",
                                                                "cache_dir", "token", "local_files_only")}
     try:
         config = kwargs.get("config") or transformers.AutoConfig.from_pretrained(source, **config_kwargs)
         cls = _model_class(config, task, source)
-        return cls.from_pretrained(source, **kwargs)
+        model, info = cls.from_pretrained(source, output_loading_info=True, **kwargs)
+        if not head_from_adapter:  # (a PEFT adapter brings the heads its base lacks)
+            _say_new_head(model, info, source)
+        return model
     except (OSError, ValueError) as exc:
         if isinstance(exc, UnsupportedModelError):
             raise
@@ -139,6 +154,17 @@ def _load_transformers(source: str, task: str | None, kwargs: dict):
     except SafetensorError as exc:
         raise ModelLoadError(f"could not load a model from {source!r}: its safetensors weights are damaged ({exc})"
                              ) from None
+
+
+def _say_new_head(model, info: dict, source: str) -> None:
+    """A warning when weights the task model needs were not in the checkpoint (a head normx would explain while
+    untrained); nothing when every weight loaded (a tied LM head counts as loaded)."""
+    missing = [name for name in (info or {}).get("missing_keys", []) if not name.endswith("position_ids")]
+    if missing:
+        shown = ", ".join(missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
+        warnings.warn(f"{type(model).__name__} from {source}: {len(missing)} weight(s) were not in the checkpoint and "
+                      f"are new, untrained ({shown}); explanations of an untrained head mean nothing until it is "
+                      "trained", UserWarning, stacklevel=4)
 
 
 def _load_tokenizer(source: str, kwargs: dict):
@@ -161,7 +187,7 @@ def _load_peft(path: Path, task: str | None, kwargs: dict):
     if (path / "config.json").is_file() and "config" not in kwargs:
         # the task model's config (labels, pad token) saved beside the adapter
         kwargs["config"] = transformers.AutoConfig.from_pretrained(path, trust_remote_code=False)
-    base = _load_transformers(base_source, task, kwargs)
+    base = _load_transformers(base_source, task, kwargs, head_from_adapter=True)
     model = PeftModel.from_pretrained(base, str(path))
     has_tokenizer = any((path / name).is_file() for name in _TOKENIZER_FILES)
     tokenizer = _load_tokenizer(str(path) if has_tokenizer else base_source, {} if has_tokenizer else kwargs)

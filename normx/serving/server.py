@@ -13,6 +13,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
 from normx import errors
+from normx.models.tasks import TASKS
 
 log = logging.getLogger("normx.demo")
 
@@ -101,8 +102,9 @@ class ModelCache:
     """
 
     def __init__(self, loader: Callable | None = None, *, locked: bool = False, allowed: Sequence[str] = (),
-                 max_models: int = 6):
-        self.loader = loader
+                 max_models: int = 6, task: str | None = None):
+        self.loader = loader  # name -> (model, tokenizer); default: _load_model with ``task`` (the demo's --task)
+        self.task = task
         self.locked = locked
         self.allowed = list(allowed)
         self.max_models = max_models
@@ -155,7 +157,7 @@ class ModelCache:
                 if name in self._models:  # loaded by the request we waited for
                     return self._models[name]
             log.info("loading model %s", name)
-            loaded = (self.loader or _load_model)(name)
+            loaded = self.loader(name) if self.loader is not None else _load_model(name, self.task)
             with self._lock:
                 self._models[name] = loaded
                 self.loads[name] = self.loads.get(name, 0) + 1
@@ -307,13 +309,14 @@ def preset_info(name: str) -> dict:
     return {"inputs": preset.inputs, "task": preset.task, "description": preset.description}
 
 
-def _load_model(name: str):
-    """A model as the demo serves it: loaded, its PEFT adapters merged where that keeps its outputs (half the
+def _load_model(name: str, task: str | None = None):
+    """A model as the demo serves it: loaded (with ``task``, the demo's ``--task``, for models whose config names no
+    head normx supports; a GGUF file is a causal LM), its PEFT adapters merged where that keeps its outputs (half the
     operations per pass for the LoRA presets, so every method runs faster; :func:`normx.models.merge_adapters`)."""
     from normx.models import merge_adapters
     from normx.zoo.loading import load_model
 
-    model, tokenizer = load_model(name)
+    model, tokenizer = load_model(name, task=task, notify=lambda message: log.warning("%s", message))
     model, merged = merge_adapters(model, tokenizer)
     if merged:
         log.info("%s: adapters merged into the base weights for serving", name)
@@ -326,7 +329,10 @@ def demo_arguments(argv: list[str] | None = None, default_model: str = "minilm-s
     parser = argparse.ArgumentParser(prog="normx demo", description="Serve the normx Gradio demo.")
     parser.add_argument("--host", default=None, help="interface to bind (default 127.0.0.1; $GRADIO_SERVER_NAME)")
     parser.add_argument("--port", type=_port, default=None, help="port, 1..65535 (default 7860; $GRADIO_SERVER_PORT)")
-    parser.add_argument("--model", default=None, help=f"the model selected at start (default {default_model})")
+    parser.add_argument("--model", default=None, help=f"the model selected at start (default {default_model}): a "
+                        "preset, a model folder, a PEFT adapter folder, a GGUF file or a hub id")
+    parser.add_argument("--task", default=None, choices=sorted(TASKS),
+                        help="the head to load models with when their config names none normx supports")
     lock = parser.add_mutually_exclusive_group()
     lock.add_argument("--locked", action="store_true", default=None,
                       help=f"only the allow-list loads (${MODELS_ENV}, default: the presets installed and trained); "
@@ -343,6 +349,30 @@ def demo_arguments(argv: list[str] | None = None, default_model: str = "minilm-s
         parser.error(f"--budget-gflop must be positive, got {args.budget_gflop}")
     args.models = None if args.models is None else [m.strip() for m in args.models.split(",") if m.strip()]
     return args
+
+
+DEFAULT_PORT = 7860  # Gradio's
+
+
+def port_free(host: str, port: int) -> bool:
+    """Whether a server could listen on ``host:port`` now."""
+    import socket
+
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def busy_port_notice(host: str, port: int | None) -> str | None:
+    """What to tell the person starting the demo when Gradio's default port is taken (Gradio then moves to the next
+    free one), or None."""
+    if port is not None or os.environ.get("GRADIO_SERVER_PORT") or port_free(host, DEFAULT_PORT):
+        return None
+    return (f"normx demo: port {DEFAULT_PORT} is in use (another server?); serving on the next free port (its address "
+            "follows). Pass --port N to choose one.")
 
 
 def _port(value: str) -> int:

@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import numbers
 import threading
+import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from normx import errors
-from normx.core.inputs import check_text, count_tokens
+from normx.core.handle import model_handle
+from normx.core.inputs import check_text, count_tokens, max_input_length
 from normx.explanations.explain import explain
 from normx.explanations.generation import explain_generation
 from normx.explanations.generation_result import Generation
@@ -54,6 +56,8 @@ class PageState:
     generation: Generation | None = None  # a causal LM's prompt, continuation and every step's scores
     compare: dict[int, dict[str, Explanation]] = field(default_factory=dict)  # step -> method -> explanation
     contrast: dict[tuple[int, str, str], Explanation] = field(default_factory=dict)  # (step, a, b) -> explanation
+    notices: list[str] = field(default_factory=list)  # what the page must say it did (a text cut to the limit)
+    seconds: float | None = None  # how long the answer took (set by the page)
 
 
 class ResultCache:
@@ -87,24 +91,52 @@ def _copy(state: PageState) -> PageState:
                    contrast=dict(state.contrast))
 
 
-def check_inputs(text: str, pair: str | None, tokenizer) -> tuple[str, str | None, int]:
-    """The text, the pair (``None`` if empty) and their token count, after the demo's caps; raises
-    :class:`normx.InvalidInputError`."""
+def check_inputs(text: str, pair: str | None, tokenizer, limit: int = MAX_TOKENS
+                 ) -> tuple[str, str | None, int, list[str]]:
+    """The text, the pair (``None`` if empty), their token count and the notices of what was cut: a text over the
+    demo's caps (:data:`MAX_CHARS` per box, ``limit`` tokens in all: :data:`MAX_TOKENS` or the model's own, if
+    smaller) is cut at a word boundary to fit, and a notice says so, with the limits. Raises
+    :class:`normx.InvalidInputError` for what cannot be explained."""
     for name, value in (("text", text), ("second text", pair)):
         if value is not None and not isinstance(value, str):
             raise errors.InvalidInputError(f"the {name} must be a string, got {type(value).__name__} {value!r}")
     text = text or ""
     pair = (pair or "").strip() or None
+    notices = []
+    cut = {}
     for name, value in (("text", text), ("second text", pair)):
         if value is not None and len(value) > MAX_CHARS:
-            raise errors.InputTooLongError(f"the {name} has {len(value)} characters; this demo takes at most "
-                                          f"{MAX_CHARS} per box")
+            cut[name] = len(value)
+            value = cut_at_word(value, MAX_CHARS)
+            text, pair = (value, pair) if name == "text" else (text, value)
         if value is not None or name == "text":
             check_text(value, f"the {name}")
     count = count_tokens(tokenizer, text, pair)
-    if count > MAX_TOKENS:
-        raise errors.InputTooLongError(f"the input has {count} tokens; this demo takes at most {MAX_TOKENS}")
-    return text, pair, count
+    while count > limit:  # cut the longer text by the share of tokens over the limit, at a word boundary
+        name = "second text" if pair is not None and len(pair) > len(text) else "text"
+        value = pair if name == "second text" else text
+        cut.setdefault(name, len(value))
+        keep = cut_at_word(value, max(1, int(len(value) * limit / count * 0.97)))
+        if len(keep) >= len(value):
+            keep = value[:max(1, len(value) - 1)]
+        text, pair = (keep, pair) if name == "text" else (text, keep)
+        count = count_tokens(tokenizer, text, pair)
+    for name, before in cut.items():
+        after = text if name == "text" else pair
+        notices.append(f"The {name} has {before:,} characters; this demo explains at most {MAX_CHARS:,} characters "
+                       f"per box and {limit} tokens in all, so it explains the first {len(after):,} (up to "
+                       f"“…{after[-30:]}”). `normx explain` takes the model's whole limit.")
+    return text, pair, count, notices
+
+
+def cut_at_word(text: str, limit: int) -> str:
+    """``text`` cut to at most ``limit`` characters, at the last white space before the limit where there is one
+    in its last fifth (else at the limit)."""
+    if len(text) <= limit:
+        return text
+    head = text[:limit]
+    space = max(head.rfind(" "), head.rfind("\n"), head.rfind("\t"))
+    return head[:space].rstrip() if space > limit * 0.8 else head
 
 
 def gated(gate: WorkGate | None, model, method: str, tokens: int, fn, *, targets: int = 1, steps: int = 1):
@@ -146,7 +178,8 @@ def _gated_generation(gate, model, method: str, tokens: int, steps: int, fn):
 
 def explain_request(cache, model_name: str, text: str, pair: str | None = None,
                     method: str = "normxlogit", steps: int = DEFAULT_CONTINUATION, gate: WorkGate | None = None,
-                    batcher: Batcher | None = None, results: ResultCache | None = None) -> PageState:
+                    batcher: Batcher | None = None, results: ResultCache | None = None, *,
+                    loading: Callable | None = None) -> PageState:
     """Everything one request computes, as the state the page keeps: explanations of all layers and labels.
 
     Classifiers: one explanation with ``target="all"`` (every label) and ``layer="all"``. Vocabulary heads
@@ -154,22 +187,33 @@ def explain_request(cache, model_name: str, text: str, pair: str | None = None,
     ``gate``: the server's :class:`normx.serving.lanes.WorkGate` (None: no budget); ``batcher``: one-pass
     requests of classifiers and masked LMs are explained in batches with the requests that arrive with them
     (:class:`normx.serving.batching.Batcher`); ``results``: the same request again is answered from there.
+    ``loading(0, desc=...)`` (a page's progress bar) is told when the model has to be loaded first. The state says
+    how long the request took (``seconds``) and what was cut (``notices``).
     """
+    started = time.perf_counter()
     if method not in list_methods():
         raise errors.UnknownMethodError(f"unknown method {method!r}; available: {', '.join(list_methods())}")
     if steps is not None and (isinstance(steps, bool) or not isinstance(steps, numbers.Real)
                               or not 1 <= steps <= MAX_CONTINUATION):
         raise errors.InvalidInputError(f"steps (tokens to generate) must be a number from 1 to {MAX_CONTINUATION}, "
                                        f"got {steps!r}")
+    if loading is not None and isinstance(model_name, str) and cache.peek(model_name) is None:
+        loading(0, desc=f"loading {model_name} (first use: this can take a minute)")
     model, tokenizer = cache.get(model_name)
-    text, pair, tokens = check_inputs(text, pair, tokenizer)
+    limit = min(MAX_TOKENS, max_input_length(tokenizer, model_handle(model)))
+    if get_adapter(model).kind is HeadKind.CAUSAL_LM:
+        limit = max(1, limit - int(steps or 1))  # room for the continuation
+    text, pair, tokens, notices = check_inputs(text, pair, tokenizer, limit)
     key = (model_name, text, pair, method, int(steps or 1))
     found = None if results is None else results.get(key)
     if found is not None:
+        found.seconds = time.perf_counter() - started
         return found
     state = _compute(model, tokenizer, model_name, text, pair, tokens, method, steps, gate, batcher)
+    state.notices = notices
     if results is not None:
         results.put(key, state)
+    state.seconds = time.perf_counter() - started
     return state
 
 

@@ -1,7 +1,9 @@
-"""What a page shows of explanations: highlighted views scaled to [-1, 1], titles, contrast and comparison views,
-the prediction as Markdown. Plain functions of :class:`~normx.Explanation` objects and a
+"""What a page shows of explanations: highlighted views (each unit's text and score, the view's
+:class:`~normx.explanations.display.Scale`), titles, contrast and comparison views, the prediction as Markdown, and
+the HTML the page draws them as. Plain functions of :class:`~normx.Explanation` objects and a
 :class:`~normx.serving.session.PageState`, returning plain data (no web framework): the demo wraps them in components,
-and the tests call them directly. :func:`scale_of` is the one scaling rule, shared with the terminal table.
+and the tests call them directly. Colours, scales and legends are the shared colour language of
+:mod:`normx.explanations.display` (the notebook views, reports and terminal use the same).
 """
 
 from __future__ import annotations
@@ -16,23 +18,38 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from normx.errors import InvalidInputError
-from normx.explanations.display import scale_of
-from normx.explanations.html import span
+from normx.explanations.display import Scale, contrast_reading, reading_of, scale_for
+from normx.explanations.html import span, swatch
 from normx.explanations.result import Explanation
 from normx.methods import get_method
 from normx.models import HeadKind
 from normx.serving.session import PageState
 
+PAGE_CSS = (  # the demo page's styles of its views
+    "#normx-prediction {font-size: 1.1em}\n.normx-view {font-size: 1.05em; line-height: 1.9}\n"
+    ".normx-compare {margin: 6px 0 16px} .normx-compare .normx-view {line-height: 2.1}\n"
+    ".normx-title {font-size: 0.85em; color: var(--body-text-color-subdued); margin-top: 4px}\n"
+    ".normx-key {font-size: 0.75em; color: var(--body-text-color-subdued)}\n"
+    ".normx-unit {border-radius: 3px; padding: 1px 1px}\n")
 MAX_LABEL_VIEWS = 4  # highlighted views per request; models with more labels show the most probable ones
-# gr.HighlightedText colours scores by sign: positive red rgba(239, 68, 60, s), negative purple rgba(128, 90, 213, -s)
 LEGEND = (
-    '<span style="background: rgba(239, 68, 60, 0.75); padding: 1px 6px; border-radius: 4px">red (+)</span> '
-    "pushes **toward** the label, "
-    '<span style="background: rgba(128, 90, 213, 0.75); padding: 1px 6px; border-radius: 4px">purple (−)</span> '
-    "pushes **away** from it; stronger colour = larger |score|. Each view is scaled to [−1, 1] by the largest "
-    "|score| it shows (special tokens excluded); the scale is in the view's title."
+    "Colours follow each method's scores: **signed** scores (Gradient×Input summed, DecompX, every contrast) red "
+    "where a unit pushes **toward** the label, purple where it pushes **away**; **relative** scores (NormXLogit, "
+    "LogAt: a logit times a norm, whose zero means nothing) and **unsigned** ones (norms, l1 gradients, mixing "
+    "shares) in one colour, darker = higher. Each view's title says which and gives its scale (special tokens "
+    "excluded); hover a unit for its score. For toward / away with NormXLogit, open **Contrast**."
 )
-Highlighted = list[tuple[str, float | None]]  # (text, score in [-1, 1] or None) pieces, as gr.HighlightedText takes
+Highlighted = list[tuple[str, float | None]]  # (text, score or None: not scored) pieces in reading order
+
+
+@dataclass
+class View:
+    """One highlighted view: its title, the pieces of text with their scores, and the scale they are drawn on."""
+
+    title: str
+    pieces: Highlighted
+    scale: Scale
+
 UNITS = ("word", "subword")
 COMPARE_HINT = "Tick methods and press Compare: each one runs once on this input and is kept for every layer."
 
@@ -56,29 +73,26 @@ def nearest_layer(explanation: Explanation, layer: int | None) -> int:
     return min(explanation.layers, key=lambda computed: (abs(computed - int(layer)), computed))
 
 
-def highlights(view: Explanation, values: np.ndarray,
-               scale: float | None = None) -> list[tuple[str, float | None]]:
-    """``gr.HighlightedText`` value: one ``(text, score)`` per unit, score in [-1, 1] (``None``: not scored).
+def highlights(view: Explanation, values: np.ndarray) -> Highlighted:
+    """One ``(text, score)`` per unit (``None``: not scored), with the text between units as unscored pieces.
 
     Unit texts come from the input through the character offsets, so the page shows the text as typed (subwords
     adjacent, original spacing and line breaks between units); special tokens show as their token string; the
-    second text of a pair follows a `` ‖ `` separator. ``scale`` defaults to :func:`scale_of` the row.
+    second text of a pair follows a `` ‖ `` separator.
     """
     values = np.asarray(values, dtype=np.float64)
-    if scale is None:
-        scale = scale_of(view, [values])
     texts = {0: view.text, 1: view.text_pair}
     out: list[tuple[str, float | None]] = []
     previous: tuple[int, int] | None = None  # (segment, end offset) of the last unit shown from a text
     for i, token in enumerate(view.tokens):
         value = values[i]
-        score = None if not math.isfinite(value) else (0.0 if scale <= 0 else max(-1.0, min(1.0, float(value / scale))))
+        score = float(value) if math.isfinite(value) else None
         start, end = view.offsets[i]
         segment = view.segments[i]
         source = texts.get(segment)
         if view.special[i] or source is None or end <= start:
             piece = token if not out else " " + token
-            out.append((piece, None if score is None else round(float(score), 4)))
+            out.append((piece, score))
             previous = None
             continue
         if previous is not None and previous[0] == segment:
@@ -87,7 +101,7 @@ def highlights(view: Explanation, values: np.ndarray,
                 out.append((gap, None))
         elif out:
             out.append((" ‖ " if previous is not None else " ", None))
-        out.append((source[start:end], None if score is None else round(float(score), 4)))
+        out.append((source[start:end], score))
         previous = (segment, end)
     return out
 
@@ -112,6 +126,27 @@ def markdown_text(text: str) -> str:
     """``text`` shown literally inside Markdown: special characters escaped, line breaks as ⏎."""
     text = re.sub(r"([\\`*_{}\[\]<>()#+\-.!|~])", r"\\\1", text)
     return text.replace("\r\n", "⏎").replace("\n", "⏎").replace("\r", "⏎")
+
+
+def bold(text: str) -> str:
+    """Markdown bold around ``text`` that stays bold when it starts or ends with white space (``** x**`` is not
+    bold: the space moves outside the markers)."""
+    core = text.strip()
+    if not core:
+        return text
+    start = text.index(core[0])
+    return f"{text[:start]}**{core}**{text[start + len(core):]}"
+
+
+_API_WORDS = (("with text_pair= (CLI: --pair)", "in the Second text box"),
+              ("pass truncation='warn' to truncate it", "it is cut to the limit when over it"))
+
+
+def page_message(message: str) -> str:
+    """An error message in the page's words (the library's name its own arguments)."""
+    for api, page in _API_WORDS:
+        message = message.replace(api, page)
+    return message
 
 
 def prediction_text(explanation: Explanation, tokenizer=None) -> str:
@@ -150,33 +185,34 @@ def label_title(explanation: Explanation, label: str, tokenizer=None) -> str:
 
 
 def label_views(explanation: Explanation, layer: int | None, unit: str = "word", show_special: bool = False,
-                tokenizer=None) -> list[tuple[str, list]]:
-    """One ``(title, highlighted)`` per label to show, all on a common scale so that labels compare."""
+                tokenizer=None) -> list[View]:
+    """One view per label to show, all on a common scale so that labels compare."""
     view = unit_view(explanation, unit, show_special)
     at = nearest_layer(view, layer)
     labels = label_order(view)
     rows = [view.token_scores(label, at) for label in labels]
-    scale = scale_of(view, rows)
+    scale = scale_for(view, rows)
     layer_note = f"layer {at}" if view.settings.get("layer") is not None or len(view.layers) > 1 else "input"
-    return [(f"{label_title(view, label, tokenizer)} · {layer_note} · scale {scale:.3g}", highlights(view, row, scale))
+    return [View(f"{label_title(view, label, tokenizer)} · {view.method} · {layer_note}", highlights(view, row), scale)
             for label, row in zip(labels, rows)]
 
 
 def contrast_view(explanation: Explanation, a: str, b: str, layer: int | None, unit: str = "word",
-                  show_special: bool = False, tokenizer=None) -> tuple[str, list]:
-    """``score(a) − score(b)`` at ``layer``: what pushes toward ``a`` rather than ``b`` (red) and the reverse.
+                  show_special: bool = False, tokenizer=None) -> View:
+    """``score(a) − score(b)`` at ``layer``: what pushes toward ``a`` rather than ``b`` (red) and the reverse
+    (purple), on a signed scale.
 
     For the linear methods (normxlogit, logat, gradients) this equals ``normx.explain(..., target=a, foil=b)``.
     """
     view = unit_view(explanation, unit, show_special)
     at = nearest_layer(view, layer)
     row = view.token_scores(a, at) - view.token_scores(b, at)
-    scale = scale_of(view, [row])
+    scale = scale_for(view, [row], contrast_reading(reading_of(view)))
     vocab = view.vocabulary and tokenizer is not None
     name_a = display_token(tokenizer, a) if vocab else a
     name_b = display_token(tokenizer, b) if vocab else b
-    return f"{name_a} vs {name_b} (red: toward {name_a}, purple: toward {name_b}) · layer {at} · scale {scale:.3g}", \
-        highlights(view, row, scale)
+    return View(f"{name_a} vs {name_b} (red: toward {name_a}, purple: toward {name_b}) · layer {at}",
+                highlights(view, row), scale)
 
 
 def step_choices(state: PageState, tokenizer=None) -> list[tuple[str, int]]:
@@ -209,8 +245,8 @@ def default_contrast(explanation: Explanation) -> tuple[str | None, str | None]:
 
 
 def compare_views(state: PageState | None, methods: Sequence[str], layer: int | None, unit: str = "word",
-                  show_special: bool = False, step: int = 0, tokenizer=None) -> dict[str, tuple[str, list]]:
-    """``{method: (title, highlighted)}`` for the compared methods computed for ``step``, each on its own scale."""
+                  show_special: bool = False, step: int = 0, tokenizer=None) -> dict[str, View]:
+    """``{method: view}`` for the compared methods computed for ``step``, each on its own scale and reading."""
     out = {}
     if not state or not state.steps:
         return out
@@ -223,26 +259,33 @@ def compare_views(state: PageState | None, methods: Sequence[str], layer: int | 
         at = nearest_layer(view, layer)
         label = view.prediction if view.prediction in view.labels else view.labels[0]
         row = view.token_scores(label, at)
-        scale = scale_of(view, [row])
         where = f"layer {at}" if len(view.layers) > 1 else "input embeddings (no per-layer scores)"
         title = label_title(view, label, tokenizer)
-        out[method] = (f"{method} · {title} · {where} · scale {scale:.3g}", highlights(view, row, scale))
+        out[method] = View(f"{method} · {title} · {where}", highlights(view, row), scale_for(view, [row]))
     return out
 
 
-def compare_html(compared: dict[str, tuple[str, Highlighted]]) -> str:
-    """The compare tab: one titled highlighted view per compared method (``#normx-compare-<method>``) in the colours
-    of ``gr.HighlightedText``, as one HTML block (one page component however many methods are compared); each
-    unit's score is its tooltip."""
+def view_html(view: View | None, kind: str = "normx-view") -> str:
+    """A view as HTML: its title, the meaning of its colours and its scale, and the text with each unit coloured on
+    the view's scale, its score as its tooltip."""
+    if view is None:
+        return ""
+    if not view.pieces:
+        return f'<div class="normx-title">{html.escape(view.title)}</div>'
+    spans = "".join(html.escape(text) if score is None else span(text, score, view.scale, tip=f"{score:+.4g}")
+                    for text, score in view.pieces)
+    return (f'<div class="normx-title">{html.escape(view.title)}</div><div class="normx-key">'
+            f"{swatch(view.scale.reading)} · {html.escape(view.scale.legend())}</div>"
+            f'<div class="{kind}">{spans}</div>')
+
+
+def compare_html(compared: dict[str, View]) -> str:
+    """The compare tab: one titled highlighted view per compared method (``#normx-compare-<method>``), as one HTML
+    block (one page component however many methods are compared); each unit's score is its tooltip."""
     if not compared:
         return f'<p class="normx-compare-hint">{html.escape(COMPARE_HINT)}</p>'
-    out = []
-    for method, (title, pieces) in compared.items():
-        spans = "".join(html.escape(text) if score is None else span(text, score, 1.0, tip=f"{score:+.4f}")
-                        for text, score in pieces)
-        out.append(f'<div class="normx-compare" id="normx-compare-{html.escape(method)}"><div '
-                   f'class="normx-compare-title">{html.escape(title)}</div><div class="normx-view">{spans}</div></div>')
-    return "".join(out)
+    return "".join(f'<div class="normx-compare" id="normx-compare-{html.escape(method)}">{view_html(view)}</div>'
+                   for method, view in compared.items())
 
 
 def check_view_settings(layer, unit, show_special, step, compare_methods, methods: Sequence[str]) -> None:
@@ -277,9 +320,9 @@ class PageView:
 
     heading: str = ""  # Markdown: the prediction (and a causal LM's continuation)
     probabilities: dict[str, float] = field(default_factory=dict)
-    labels: list[tuple[str, Highlighted]] = field(default_factory=list)  # (title, highlighted) per label view
-    contrast: tuple[str, Highlighted] | None = None  # None: no contrast for this head (regression)
-    compared: dict[str, tuple[str, Highlighted]] = field(default_factory=dict)  # method -> (title, highlighted)
+    labels: list[View] = field(default_factory=list)  # a view per label
+    contrast: View | None = None  # (its title says why a head has none: regression, label-independent scores)
+    compared: dict[str, View] = field(default_factory=dict)  # method -> view
 
 
 def page_view(state: PageState | None, tokenizer, layer: int | None, unit: str = "word", show_special: bool = False,
@@ -297,12 +340,18 @@ def page_view(state: PageState | None, tokenizer, layer: int | None, unit: str =
         prompt = state.generation.prompt if state.generation is not None else state.prefixes[0]
         generated = state.steps[step].labels[0]
         generated = display_token(tokenizer, generated) if tokenizer is not None else generated
-        heading = (f"**Greedy continuation:** {markdown_text(prompt)}**{markdown_text(state.continuation)}**  \n"
+        heading = (f"**Greedy continuation:** {markdown_text(prompt)}{bold(markdown_text(state.continuation))}  \n"
                    f"Step {step + 1} of {len(state.steps)}: why “{markdown_text(generated)}” after "
                    f"“{markdown_text(state.prefixes[step])}” — {heading}")
-    contrast = None
-    if not explanation.regression:
-        contrast = ("contrast: pick two different labels", [])
+    if state.seconds is not None:
+        heading += f"  \n*answered in {state.seconds:.2f} s*"
+    heading += "".join(f"  \n⚠ {markdown_text(notice)}" for notice in state.notices)
+    if explanation.regression:
+        contrast = View("No contrast: a regression head has one output", [], Scale())
+    elif reading_of(explanation) == "magnitude":
+        contrast = View(f"No contrast: {explanation.method}'s scores do not depend on the label", [], Scale())
+    else:
+        contrast = View("contrast: pick two different labels", [], Scale())
         source = None
         if a and b and a != b:
             source = explanation if a in explanation.labels and b in explanation.labels \

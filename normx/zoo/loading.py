@@ -11,14 +11,16 @@ from normx.zoo.presets import PRESETS
 
 
 def load_model(name_or_path: str | Path = "minilm-sst2", *, task: str | None = None, dtype=None, device=None,
-               **kwargs):
+               notify=None, **kwargs):
     """Load ``(model, tokenizer)``, ready for :func:`normx.explain` (eval mode).
 
     ``name_or_path``: a preset name (``normx.list_presets()``; offline), a local model folder, a PEFT adapter
-    folder (``adapter_config.json``; its base is loaded the same way) or a Hugging Face hub id (needs network).
-    ``task`` (``"sequence-classification"``, ``"masked-lm"``, ``"causal-lm"``) picks the head when the folder's
-    ``architectures`` has none normx supports, e.g. a bare encoder to be given a fresh head. Other keyword
-    arguments (``num_labels``, ``gguf_file``, ``revision``...) go to ``from_pretrained``.
+    folder (``adapter_config.json``; its base is loaded the same way), a GGUF file or a folder holding one (a causal
+    LM unless ``task`` says otherwise; converted once, then loaded from the cache: ``normx cache``) or a Hugging
+    Face hub id (needs network). ``task`` (``"sequence-classification"``, ``"masked-lm"``, ``"causal-lm"``) picks
+    the head when the folder's ``architectures`` has none normx supports, e.g. a bare encoder to be given a fresh
+    head. ``notify(message)`` is told of slow first-time steps. Other keyword arguments (``num_labels``,
+    ``gguf_file``, ``revision``...) go to ``from_pretrained``.
     """
     source = str(name_or_path)
     if source in PRESETS and not Path(source).expanduser().exists():
@@ -26,9 +28,11 @@ def load_model(name_or_path: str | Path = "minilm-sst2", *, task: str | None = N
         kwargs.pop("trust_remote_code", None)
         if dtype is not None:
             kwargs["dtype"] = dtype
-        return ready(*PRESETS[source].load(**kwargs), device)
+        model, tokenizer = ready(*PRESETS[source].load(**kwargs), device)
+        model.normx_name = source  # what results and run manifests call it (normx.models.identity)
+        return model, tokenizer
     try:
-        return load_pretrained(source, task=task, dtype=dtype, device=device, **kwargs)
+        return load_pretrained(source, task=task, dtype=dtype, device=device, notify=notify, **kwargs)
     except HubUnreachableError as exc:  # say which names load offline
         raise ModelLoadError(f"{exc.source!r} is not a preset (`normx models`: {', '.join(PRESETS)}), "
                              f"{exc.detail}") from None

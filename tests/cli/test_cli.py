@@ -137,7 +137,7 @@ def test_table_says_what_it_shows():
     assert "showing 2 of 9 label x layer columns; left out: layers 0; labels neutral, positive" in table
     contrast = render_table(normx.explain(model, tokenizer, "the film", target="positive", foil="negative"),
                             color=False)
-    assert "positive − negative" in contrast and "favour the label over negative" in contrast
+    assert "positive − negative" in contrast and "favours the label over negative" in contrast
     regression_model, regression_tokenizer = tiny.build("BertForSequenceClassification", num_labels=1)
     regression = render_table(normx.explain(regression_model, regression_tokenizer, "the film"), color=False)
     assert "Regression: scores are not signed support" in regression and "support the label" not in regression
@@ -173,3 +173,21 @@ def test_unknown_label_is_reported_before_the_model_loads(folder, capsys, monkey
         capsys.readouterr().err
     assert main(["explain", "--model", folder, "--foil", "neutral", "a film"]) == 2  # a folder: its config.json
     assert "its labels are ['negative', 'positive']" in capsys.readouterr().err
+
+
+def test_version_and_flag_help(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out.strip() == f"normx {normx.__version__}"
+    with pytest.raises(SystemExit):
+        main(["explain", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "(default True)" not in text and "--no-biases decompx: turns off" in text
+    assert "--truncation {warn,error} a text longer than the model takes" in text
+
+
+def test_input_warnings_are_cli_lines(folder, capsys):
+    assert main(["explain", "--model", folder, "a gripping film 🙂"]) == 0
+    err = capsys.readouterr().err
+    assert "normx: warning: 1 piece(s) of the text are not in the tokenizer's vocabulary" in err
+    assert "InputWarning" not in err

@@ -21,7 +21,15 @@ from normx.core.labels import LabelSpace
 from normx.data.glue import Example
 from normx.errors import InvalidInputError, NormxError, UnsupportedModelError
 from normx.evaluation import faithfulness as faith
-from normx.evaluation.faithfulness.perturbation import K_VALUES, Item, Perturber, perturb, perturb_count, ranking
+from normx.evaluation.faithfulness.perturbation import (
+    K_VALUES,
+    Item,
+    Perturber,
+    perturb,
+    perturb_count,
+    ranking,
+    same_length_chunks,
+)
 
 CLS, SEP, MASK, PAD = 101, 102, 103, 0
 EVIDENCE = 7  # the one token id the evidence model reads
@@ -85,7 +93,7 @@ def random_scores(items, seed):
 
 
 def curves_for(model, items, scores, **kwargs):
-    runner = Perturber(model, "mask", MASK, **{"pad_id": 0, **kwargs})
+    runner = Perturber(model, "mask", MASK, **kwargs)
     original = runner.logits(items)
     perturbed = runner.perturbed_logits(items, scores)
     return original, {mode: faith.classification_curves(original, logits, None)["confidence_drop"]
@@ -137,7 +145,7 @@ def test_sufficiency_of_the_reversed_oracle_is_the_worst():
 def test_accuracy_curve_against_gold_labels():
     items = evidence_items(np.random.default_rng(2))
     model = EvidenceModel()
-    runner = Perturber(model, "mask", MASK, pad_id=0)
+    runner = Perturber(model, "mask", MASK)
     original = runner.logits(items)
     perturbed = runner.perturbed_logits(items, [oracle_scores(i) for i in items])
     gold = np.ones(len(items), dtype=int)
@@ -150,7 +158,7 @@ def test_accuracy_curve_against_gold_labels():
 def test_regression_pearson_with_gold_scores():
     items = evidence_items(np.random.default_rng(3))
     model = EvidenceModel(regression=True)
-    runner = Perturber(model, "mask", MASK, pad_id=0)
+    runner = Perturber(model, "mask", MASK)
     perturbed = runner.perturbed_logits(items, [oracle_scores(i) for i in items])
     gold = np.array([i.ids.count(EVIDENCE) + 0.01 * j for j, i in enumerate(items)])
     curves = faith.regression_curves(perturbed["comprehensiveness"], gold)["pearson"]
@@ -189,7 +197,7 @@ def test_cls_is_never_masked_and_sep_only_when_special_tokens_are_included():
     items = evidence_items(np.random.default_rng(4), 4)
     for special, sep_masked in (("include", True), ("exclude", False)):
         model = EvidenceModel()
-        runner = Perturber(model, "mask", MASK, pad_id=0, special_tokens=special)
+        runner = Perturber(model, "mask", MASK, special_tokens=special)
         runner.perturbed_logits(items, [oracle_scores(i) for i in items])
         assert all((b["input_ids"][:, 0] == CLS).all() for b in model.batches)
         full = perturb(items[0], ranking(oracle_scores(items[0]), items[0], special), 1.0, "comprehensiveness",
@@ -201,14 +209,12 @@ def test_cls_is_never_masked_and_sep_only_when_special_tokens_are_included():
 def test_masking_keeps_length_and_attention_mask():
     items = evidence_items(np.random.default_rng(5), 6)
     model = EvidenceModel()
-    runner = Perturber(model, "mask", MASK, pad_id=0)
+    runner = Perturber(model, "mask", MASK)
     runner.perturbed_logits(items, random_scores(items, 0))
     lengths = {len(i.ids) for i in items}
     for batch in model.batches:
-        real = batch["attention_mask"].sum(-1)
-        assert set(real.tolist()) <= lengths  # every input keeps all its positions attended
-        ids = batch["input_ids"]
-        assert ((ids == PAD) == (batch["attention_mask"] == 0)).all()  # only padding is unattended
+        assert batch["attention_mask"].all()  # never padded: every row is the model's plain call on its tokens
+        assert batch["input_ids"].shape[1] in lengths
     assert any((b["input_ids"] == MASK).any() for b in model.batches)
 
 
@@ -220,12 +226,18 @@ def test_deletion_removes_tokens_keeps_the_pooled_one_and_positions_restart():
     suff = perturb(item, order, 0.3, "sufficiency", "delete")  # keep the top 2, and the pooled token
     assert suff.ids == (1, EVIDENCE, 30) and suff.pooled == 2
     model = EvidenceModel()
-    runner = Perturber(model, "delete", None, pad_id=PAD, padding_side="left", position_ids=True)
+    runner = Perturber(model, "delete", None)
     runner.logits([item, comp, suff])
-    batch = model.batches[-1]
-    assert batch["input_ids"].shape == (3, 8) and batch["attention_mask"].sum(-1).tolist() == [3, 6, 8]
-    assert batch["position_ids"][0, -3:].tolist() == [0, 1, 2]  # left padding skipped
-    assert batch["input_ids"][0, -1] == 30  # the pooled (last) token stays last
+    shapes = sorted(tuple(b["input_ids"].shape) for b in model.batches[-3:])
+    assert shapes == [(1, 3), (1, 6), (1, 8)]  # one unpadded batch per length: nothing but the tokens is passed
+    assert all(set(b) == {"input_ids", "attention_mask", "token_type_ids"} and b["attention_mask"].all()
+               for b in model.batches[-3:])
+    assert model.batches[-3]["input_ids"][0, -1] == 30  # the pooled (last) token stays last
+
+
+def test_same_length_chunks():
+    assert same_length_chunks([3, 5, 3, 5, 5, 2], 2) == [[5], [0, 2], [1, 3], [4]]
+    assert same_length_chunks([], 4) == []
 
 
 def test_models_without_a_mask_token_get_deletion():

@@ -170,3 +170,15 @@ def test_smollm2_chat_rows_are_its_own_logits_times_the_input_norms():
         np.testing.assert_allclose(g.step(t).scores, want.scores, rtol=1e-4, atol=1e-4 * np.abs(want.scores).max())
         compared += 1
     assert compared >= 1
+
+
+def test_generations_compare_and_read_as_text():
+    model, tokenizer = tiny.build("LlamaForCausalLM")
+    g = normx.explain_generation(model, tokenizer, "the film was", max_new_tokens=3)
+    again = normx.explain_generation(model, tokenizer, "the film was", max_new_tokens=3)
+    assert g == again and not (g != again)  # arrays compared as arrays, not "truth value ... ambiguous"
+    assert g != normx.explain_generation(model, tokenizer, "the film was", max_new_tokens=2)
+    text = repr(g)
+    assert text.startswith("Generation(normxlogit, 3 generated tokens") and "step 2" in text and "array" not in text
+    e = g.step(0)
+    assert "array" not in repr(e) and repr(e).startswith("Explanation(normxlogit") and e.tokens[1] in repr(e)

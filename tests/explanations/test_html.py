@@ -12,7 +12,8 @@ import tiny
 
 import normx
 from normx import Explanation
-from normx.explanations.html import NEGATIVE, POSITIVE, colour
+from normx.explanations.display import AMOUNT, Scale
+from normx.explanations.html import NEGATIVE, POSITIVE
 
 CASES = ["BertForSequenceClassification", "BertForMaskedLM", "LlamaForCausalLM", "GPT2ForSequenceClassification"]
 
@@ -42,21 +43,50 @@ def test_equality_sees_a_changed_score():
 
 
 def test_the_html_view_shows_every_unit_coloured_by_the_shared_rule():
+    """NormXLogit's label views are relative (one colour, the labels on one scale from the lowest score to the
+    highest), its contrast signed (red / purple); the legend says so."""
     model, tok = tiny.build("BertForSequenceClassification")
     e = normx.explain(model, tok, "a gripping film", target="all", layer="all")
+    assert e.settings["reading"] == "relative"
     page = e._repr_html_()
     assert "<script" not in page and "http" not in page  # self-contained, no script
     spans = re.findall(r'<span class="normx-unit" style="background:([^;]+);[^"]*" title="([^"]+)">', page)
     first_view = spans[:len(e.tokens)]  # the first label's view at the last layer
-    scale = max(abs(float(v)) for v, special in zip(e.scores[0, -1], e.special) if not special)
+    words = [i for i, special in enumerate(e.special) if not special]
+    every = np.concatenate([e.scores[k, -1, words] for k in range(len(e.labels))])  # the labels on one scale
+    scale = Scale("relative", float(every.min()), float(every.max()))
     for (background, title), token, value in zip(first_view, e.tokens, e.scores[0, -1]):
-        assert title == f"{token}: {float(value):+.4g}" and background == colour(float(value), scale)
-    assert f"rgba({POSITIVE[0]},{POSITIVE[1]},{POSITIVE[2]},1.000)" in page or \
-        f"rgba({NEGATIVE[0]},{NEGATIVE[1]},{NEGATIVE[2]},1.000)" in page  # the largest is full colour
-    assert "contrast:" in page and "words (sum of their tokens)" in page and "every layer" in page
+        assert title == f"{token}: {float(value):+.4g}" and background == scale.css(float(value))
+    assert f"rgba({AMOUNT[0]},{AMOUNT[1]},{AMOUNT[2]},1.000)" in page  # the highest is full colour
+    assert "compare tokens, not signs" in page
+    contrast = page[page.index("contrast:"):]
+    assert f"rgba({POSITIVE[0]},{POSITIVE[1]},{POSITIVE[2]}" in contrast or \
+        f"rgba({NEGATIVE[0]},{NEGATIVE[1]},{NEGATIVE[2]}" in contrast  # the contrast is signed
+    assert "words (sum of their tokens)" in page and "every layer" in page
     assert page.count('class="normx-view"') == len(e.labels) + 1 + 1 + len(e.layers)
     several = normx.explain(model, tok, ["a gripping film", "a dull plot"])
     assert isinstance(several, list) and several._repr_html_().count('class="normx-explanation"') == 2
+
+
+@pytest.mark.parametrize(("method", "options", "reading"), [
+    ("l2norm", {}, "magnitude"), ("gradient_x_input", {}, "magnitude"), ("random", {}, "magnitude"),
+    ("gradient_x_input", {"aggregation": "sum"}, "signed"), ("normxlogit", {}, "relative"),
+    ("integrated_gradients", {"n_steps": 4, "aggregation": "sum"}, "signed"),
+])
+def test_unsigned_methods_are_drawn_as_magnitudes_and_signed_ones_diverging(method, options, reading):
+    model, tok = tiny.build("BertForSequenceClassification")
+    e = normx.explain(model, tok, "a gripping film", method=method, **options)
+    assert e.settings["reading"] == reading
+    page = e.to_html()
+    colours = set(re.findall(r"background:rgba\((\d+,\d+,\d+),", page))
+    if reading == "signed":
+        assert colours <= {",".join(map(str, POSITIVE)), ",".join(map(str, NEGATIVE))}
+        assert "toward the label" in page
+    else:
+        assert colours <= {",".join(map(str, AMOUNT))}
+        assert ("magnitude" in page) == (reading == "magnitude") and "toward the label" not in page
+    assert normx.explain(model, tok, "a gripping film", method=method, target="positive", foil="negative",
+                         **options).settings["reading"] == ("magnitude" if reading == "magnitude" else "signed")
 
 
 def test_the_generation_view_is_its_matrix():

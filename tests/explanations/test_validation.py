@@ -1,6 +1,7 @@
 """Bad input gets a clear normx error that says what was given and what is allowed."""
 
 import json
+import warnings
 
 import minilm
 import numpy as np
@@ -99,12 +100,22 @@ def test_truncation(mt):
     long = " ".join(["word"] * 600)
     with pytest.raises(errors.InputTooLongError, match="more than the model's 512"):
         normx.explain(*mt, long, truncation="error")
-    e = normx.explain(*mt, long)
+    with pytest.warns(errors.InputWarning, match="truncated to 512"):  # said where Python users look, too
+        e = normx.explain(*mt, long)
     assert len(e.tokens) == 512 and e.tokens[-1] == "[SEP]"
     assert e.warnings and "truncated to 512" in e.warnings[0]
     assert len(normx.explain(*mt, long, max_length=40).tokens) == 40
     with pytest.raises(errors.InvalidInputError, match="truncation"):
         normx.explain(*mt, "text", truncation="cut")
+
+
+def test_unknown_pieces_of_text_are_reported(mt):
+    with pytest.warns(errors.InputWarning, match=r"2 piece\(s\) .* became \[UNK\]: '🙂', '🎉'"):
+        e = normx.explain(*mt, "a gripping film 🙂 🎉")
+    assert e.tokens.count("[UNK]") == 2 and "[UNK]" in e.warnings[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert normx.explain(*mt, "a gripping film").warnings == []  # nothing to say: no warning
 
 
 def test_other_options(mt):

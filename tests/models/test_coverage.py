@@ -11,6 +11,10 @@ from pathlib import Path
 import architectures
 import pytest
 
+from normx.cli.main import main
+from normx.models import coverage
+from normx.models.coverage import HEADS, NOT_MEASURED, listed_architectures, not_measured
+
 STORED = Path(__file__).resolve().parents[2] / "normx" / "models" / "coverage.json"
 SAMPLE = ["GemmaForCausalLM", "Gemma2ForCausalLM", "Phi3ForCausalLM", "Olmo2ForCausalLM", "GPTNeoXForCausalLM",
           "BloomForCausalLM", "OPTForCausalLM", "CohereForCausalLM", "GraniteForCausalLM", "ApertusForCausalLM",
@@ -27,9 +31,14 @@ def stored() -> dict[tuple[str, str, str], dict]:
 
 
 def _check(kind: str, model_type: str, name: str) -> None:
-    row = stored()[kind, model_type, name]
+    """The architecture's verdict now; where the table has one (it was measured), the same. An architecture the
+    installed transformers added after the table was measured is measured on the spot: never wrong scores."""
+    row = stored().get((kind, model_type, name))
     result, detail = architectures.verdict(kind, model_type, name)
-    assert result == row["verdict"], f"{name}: {result} ({detail}), the table says {row['verdict']} ({row['detail']})"
+    assert result != architectures.WRONG, f"{name}: {detail}"
+    if row is not None:
+        assert result == row["verdict"], \
+            f"{name}: {result} ({detail}), the table says {row['verdict']} ({row['detail']})"
     if result == architectures.VERIFIED:
         off = float(detail.rsplit(" by ", 1)[1])
         assert off <= architectures.TOLERANCE, f"{name}: NormXLogit is off the model's own outputs by {off:.3g}"
@@ -48,11 +57,34 @@ def test_every_architecture(kind, model_type, name):
     _check(kind, model_type, name)
 
 
-def test_the_table_covers_every_architecture_and_most_are_verified():
-    names = set(architectures.architectures())
+def test_the_table_gives_no_wrong_scores_and_most_are_verified():
     rows = stored()
-    assert set(rows) == names, "normx/models/coverage.json is stale: python bench/architecture_coverage.py"
     built = [r for r in rows.values() if r["verdict"] != architectures.FAILS]
     share = sum(r["verdict"] == architectures.VERIFIED for r in built) / len(built)
     assert not [r["class"] for r in built if r["verdict"] == architectures.WRONG], "wrong scores"
     assert share >= 0.90, f"only {share:.0%} of the architectures that build are verified"
+    assert {r["head"] for r in rows.values()} == set(HEADS)
+
+
+def test_architectures_newer_than_the_table_are_reported_not_yet_measured(monkeypatch, capsys):
+    """A fresh install may resolve a transformers release with architectures the table has never seen: they are
+    listed as not yet measured (and checked on first use), never a failure of the test run."""
+    table = json.loads(STORED.read_text())
+    first = table["architectures"][0]
+    fewer = {**table, "architectures": table["architectures"][1:]}
+    assert (first["head"], first["model_type"], first["class"]) in set(not_measured(fewer))
+    assert not_measured(table) == [e for e in listed_architectures()
+                                   if (e[0], e[1], e[2]) not in {(r["head"], r["model_type"], r["class"])
+                                                                  for r in table["architectures"]}]
+    monkeypatch.setattr(coverage, "coverage", lambda: fewer)
+    assert main(["supported", "--verdict", NOT_MEASURED]) == 0
+    out = capsys.readouterr().out
+    assert first["class"] in out and "has not measured" in out
+
+
+def test_supported_lists_each_class_once_per_head(capsys):
+    assert main(["supported"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.strip()][:-1]
+    keys = [(line[:48].strip(), line[49:73].strip(), line[74:93].strip()) for line in lines]
+    assert len(keys) == len(set(keys)), "a class is listed twice with one verdict"
+    assert sum(key[:2] == ("LlamaForCausalLM", "causal_lm") for key in keys) == 1

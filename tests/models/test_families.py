@@ -470,7 +470,9 @@ def test_regression_reference(case_id, monkeypatch):
             want = expected(ref, method, layers, [0], regression=True)
             assert_scores(exp, want)
             assert np.all(exp.scores >= 0)
-            np.testing.assert_allclose(exp.scores[0, :, ref.pooled], 0.0, atol=1e-6)
+            # |HoT(x_pooled) - HoT(pooled)| is 0 up to float32 rounding, which differs from CPU to CPU: relative
+            # to the size of the explanation's scores
+            np.testing.assert_allclose(exp.scores[0, :, ref.pooled], 0.0, atol=1e-5 * np.abs(exp.scores).max())
             assert_informative(want[:, 1:])
     with pytest.raises(UnknownTargetError):
         normx.explain(model, tokenizer, TEXTS[0], target=0)

@@ -97,3 +97,15 @@ def test_hf_hub_offline_means_unreachable(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr("socket.create_connection", lambda *a, **k: pytest.fail("no connection may be tried"))
     assert loading._hub_reachable() is False
+
+
+def test_presets_on_one_base_have_different_identities():
+    """What a corpus run's manifest records: two presets on the MiniLM base differ (adapter fingerprint, name); two
+    loads of one preset are the same model."""
+    from normx.models.identity import describe, model_identity
+
+    sst2, again, qnli = (model_identity(normx.load_model(name)[0]) for name in ("minilm-sst2", "minilm-sst2",
+                                                                              "minilm-qnli"))
+    assert sst2 == again and sst2["name"] == "minilm-sst2" and sst2["adapter"] is not None
+    assert qnli["name"] == "minilm-qnli" and qnli["adapter"] != sst2["adapter"]
+    assert describe(sst2).startswith("minilm-sst2 (BertForSequenceClassification, float32, weights ")

@@ -73,9 +73,25 @@ def values(update):
 
 def compared(panel) -> dict[str, tuple[str, str]]:
     """The compare panel's views (its HTML, or an update holding it): method -> (title, text shown)."""
-    found = re.findall(r'<div class="normx-compare" id="normx-compare-([^"]+)"><div class="normx-compare-title">'
-                       r'(.*?)</div><div class="normx-view">(.*?)</div></div>', values(panel))
-    return {m: (html.unescape(title), html.unescape(re.sub(r"<[^>]+>", "", body))) for m, title, body in found}
+    found = re.findall(r'<div class="normx-compare" id="normx-compare-([^"]+)">(.*?</div></div>)', values(panel))
+    return {m: (title_of(body), text_of(body)) for m, body in found}
+
+
+def title_of(view) -> str:
+    """The title of a view's HTML (or an update holding it)."""
+    return html.unescape(re.search(r'<div class="normx-title">(.*?)</div>', values(view)).group(1))
+
+
+def text_of(view) -> str:
+    """The text a view's HTML shows (or an update holding it)."""
+    body = re.search(r'<div class="normx-view">(.*)</div>', values(view), re.S).group(1)
+    return html.unescape(re.sub(r"<[^>]+>", "", body))
+
+
+def units_of(view) -> list[tuple[str, float]]:
+    """(text, score) of each scored unit of a view's HTML, its score read from its tooltip."""
+    return [(html.unescape(text), float(tip)) for tip, text in
+            re.findall(r'<span class="normx-unit" style="[^"]*" title="([^"]*)">([^<]*)</span>', values(view))]
 
 
 def texts_of(highlighted):
@@ -97,8 +113,8 @@ def test_highlights_rebuild_the_text_and_scale_to_unit_range(cache, folder):
         out = views.highlights(view, row)
         assert texts_of(out) == TEXT  # units in the typed text's own spelling and spacing
         scores = np.array([s for _, s in scored(out)])
-        assert np.all(np.abs(scores) <= 1.0) and np.isclose(np.abs(scores).max(), 1.0)
-        assert np.all(np.sign(scores) == np.sign(np.round(row / np.abs(row).max(), 4)))  # the sign is kept
+        kept = [i for i, special in enumerate(view.special) if not special]
+        np.testing.assert_allclose(scores, row[kept], rtol=1e-6)  # each unit keeps its own score
     words = [t for t, _ in scored(views.highlights(views.unit_view(e, "word"), views.unit_view(e, "word").score))]
     subwords = views.unit_view(e, "subword")
     tokens = [t for t, _ in scored(views.highlights(subwords, subwords.score))]
@@ -112,15 +128,16 @@ def test_label_views_share_one_scale_and_contrast_matches_foil(cache, folder):
     model, tokenizer = cache.get(folder)
     e = normx.explain(model, tokenizer, TEXT, target="all", layer="all")
     shown = views.label_views(e, 3, "subword")
-    assert [title.split(" ")[0] for title, _ in shown] == ["negative", "positive"]
-    assert all("layer 3" in title for title, _ in shown)
-    peak = max(abs(s) for _, v in shown for _, s in scored(v))
-    assert peak == pytest.approx(1.0)  # one scale across the labels: only the strongest reaches 1
-    title, contrast = views.contrast_view(e, "positive", "negative", 3, "subword")
+    assert [view.title.split(" ")[0] for view in shown] == ["negative", "positive"]
+    assert all("layer 3" in view.title for view in shown)
+    assert shown[0].scale == shown[1].scale and shown[0].scale.reading == "relative"  # one scale across the labels
+    every = [s for view in shown for _, s in scored(view.pieces)]
+    assert (shown[0].scale.low, shown[0].scale.high) == pytest.approx((min(every), max(every)))
+    contrast = views.contrast_view(e, "positive", "negative", 3, "subword")
     foil = normx.explain(model, tokenizer, TEXT, target="positive", foil="negative", layer=3).without_special()
-    expected = foil.score / np.abs(foil.score).max()
-    assert np.allclose([s for _, s in scored(contrast)], expected, atol=2e-4)
-    assert title.startswith("positive vs negative")
+    assert np.allclose([s for _, s in scored(contrast.pieces)], foil.score, rtol=1e-4, atol=1e-4)
+    assert contrast.title.startswith("positive vs negative") and contrast.scale.reading == "signed"
+    assert contrast.scale.high == pytest.approx(np.abs(foil.score).max(), rel=1e-4)
 
 
 def test_probabilities_and_prediction(cache, folder):
@@ -185,16 +202,16 @@ def test_explain_then_slider_and_toggles_rerender_without_explaining(cache, fold
     assert values(prediction).startswith("**Prediction:**")
     assert set(values(probs)) == {"negative", "positive"}
     assert label0["visible"] and label1["visible"] and not label2["visible"] and not label3["visible"]
-    assert texts_of(values(label0)) == TEXT and contrast["visible"]
+    assert text_of(label0) == TEXT and "positive vs negative" in title_of(contrast)
     renders = {}
     for layer in (0, 3, 6):
         for unit in ("word", "subword"):
             views = demo.render(state, layer, unit, False, 0, "positive", "negative", ["normxlogit"])
             renders[layer, unit] = views
-            assert f"layer {layer}" in views[2]["label"]
+            assert f"layer {layer}" in title_of(views[2])
     assert calls["n"] == 1  # the slider and the toggle never recompute
     assert values(renders[0, "word"][2]) != values(renders[6, "word"][2])
-    assert len(scored(values(renders[6, "subword"][2]))) >= len(scored(values(renders[6, "word"][2])))
+    assert len(units_of(renders[6, "subword"][2])) >= len(units_of(renders[6, "word"][2]))
     # the compare tab shows the main method without another pass
     assert compared(renders[3, "word"][-1]).keys() == {"normxlogit"}
 
@@ -222,7 +239,7 @@ def test_methods_without_layers(cache, folder, calls):
     assert state.steps[0].layers == [0] and slider["interactive"] is False
     assert "no per-layer scores" in slider["info"]
     views = demo.render(state, 6, "word", False, 0, "positive", "negative", [])  # a stale slider value: no error
-    assert "input" in views[2]["label"] and calls["n"] == 1
+    assert "input" in title_of(views[2]) and calls["n"] == 1
 
 
 def test_compare_methods_side_by_side(cache, folder, calls):
@@ -252,23 +269,25 @@ def test_the_compare_panel_shows_the_views_of_compare_views(cache, folder):
     state = demo.explain(folder, TEXT, "", "normxlogit", 4, "subword", False, ["normxlogit"])[0]
     data = views.compare_views(state, ["normxlogit"], 6, "subword")
     panel = views.compare_html(data)
-    pieces = data["normxlogit"][1]
+    view = data["normxlogit"]
     spans = re.findall(r'<span class="normx-unit" style="background:([^;]*);[^"]*" title="([^"]*)">([^<]*)</span>',
                        panel)
-    assert [(html.unescape(text), float(tip)) for _, tip, text in spans] == [(t, s) for t, s in pieces
-                                                                              if s is not None]
-    for background, tip, _ in spans:
-        score = float(tip)
-        assert background == ("transparent" if score == 0 else f"rgba({'239,68,60' if score > 0 else '128,90,213'},"
-                              f"{abs(score):.3f})")
+    assert [html.unescape(text) for _, _, text in spans] == [t for t, s in view.pieces if s is not None]
+    np.testing.assert_allclose([float(tip) for _, tip, _ in spans], [s for _, s in view.pieces if s is not None],
+                               rtol=1e-3)
+    assert view.scale.reading == "relative" and "compare tokens, not signs" in panel  # NormXLogit's scores
+    low, high = view.scale.low, view.scale.high
+    for (background, _, _), (_, score) in zip(spans, [p for p in view.pieces if p[1] is not None]):
+        strength = (score - low) / (high - low)  # one colour (amber), from the lowest score to the highest
+        assert background == ("transparent" if strength == 0 else f"rgba(230,150,0,{strength:.3f})")
 
 
 def test_pairs_and_three_labels(cache):
     demo = app.Demo(cache)
     out = demo.explain("tiny-nli", PAIR_TEXT, PAIR, "normxlogit", 4, "word", False, [])
     labels = [u for u in out[7:11] if u["visible"]]
-    assert len(labels) == 3 and {lab["label"].split(" ")[0] for lab in labels} == {"negative", "neutral", "positive"}
-    assert texts_of(values(labels[0])) == f"{PAIR_TEXT} ‖ {PAIR}"
+    assert len(labels) == 3 and {title_of(lab).split(" ")[0] for lab in labels} == {"negative", "neutral", "positive"}
+    assert text_of(labels[0]) == f"{PAIR_TEXT} ‖ {PAIR}"
     assert out[3]["value"] == out[0].steps[0].prediction  # contrast: the predicted label against the runner-up
 
 
@@ -277,7 +296,7 @@ def test_regression(cache):
     out = demo.explain("tiny-sts", PAIR_TEXT, PAIR, "normxlogit", 4, "word", False, [])
     state = out[0]
     assert "regression" in values(out[5]) and out[6]["visible"] is False  # no probabilities for a score
-    assert out[7]["visible"] and not out[8]["visible"] and out[11]["visible"] is False  # one view, no contrast
+    assert out[7]["visible"] and not out[8]["visible"] and "No contrast" in values(out[11])  # one view
     assert out[3]["visible"] is False and state.steps[0].labels == ["score"]
 
 
@@ -306,20 +325,17 @@ def test_causal_lm_continuation(cache, calls, monkeypatch):
             np.testing.assert_allclose(explanation.scores, alone.scores, rtol=1e-4, atol=1e-5)
     assert step["visible"] and [value for _, value in step["choices"]] == [0, 1, 2]
     assert "Greedy continuation" in values(out[5]) and out[6]["visible"]
-    assert out[11]["visible"] and values(out[11])  # contrast of two vocabulary tokens
+    assert " vs " in title_of(out[11])  # contrast of two vocabulary tokens
     made = generations["n"]
     rendered = demo.on_step(state, 2, "subword", False, 2, [])  # picking a step re-renders from the state
     assert generations["n"] == made + 2 and "Step 3 of 3" in values(rendered[3])
-    assert state.prefixes[2].endswith(texts_of(values(rendered[5])))  # the prefix's text (<s> is not shown)
+    assert state.prefixes[2].endswith(text_of(rendered[5]))  # the prefix's text (<s> is not shown)
     demo.render(state, 0, "word", False, 2, None, None, [])
     assert generations["n"] == made + 2 and calls["n"] == 0
 
 
 @pytest.mark.parametrize(("model", "text", "pair", "method", "message"), [
     ("FOLDER", "   ", "", "normxlogit", "empty"),
-    ("FOLDER", "x" * (session.MAX_CHARS + 1), "", "normxlogit", "at most 2000"),
-    ("FOLDER", "a " * 600, "", "normxlogit", f"at most {session.MAX_TOKENS}"),
-    ("tiny-nli", "word " * 70, "", "normxlogit", "shorten it"),  # the tiny model's own 64-token limit
     ("./no/such/model", TEXT, "", "normxlogit", "no model folder"),
     ("FOLDER", TEXT, "", "no_such_method", "unknown method"),
     ("tiny-lm", TEXT, "a second text", "normxlogit", "one text"),
@@ -332,6 +348,23 @@ def test_errors_are_messages(cache, folder, model, text, pair, method, message):
         handler(folder if model == "FOLDER" else model, text, pair, method, 4, "word", False, [])
     ok = handler(folder, TEXT, "", "normxlogit", 4, "word", False, [])  # the app goes on serving
     assert ok[0].steps
+
+
+@pytest.mark.parametrize(("model", "text", "limit"), [
+    ("FOLDER", "x" * (session.MAX_CHARS + 1), "2,000 characters"),
+    ("FOLDER", "a " * 600, f"{session.MAX_TOKENS} tokens"),
+    ("tiny-nli", "word " * 70, "64 tokens"),  # the tiny model's own 64-token limit
+])
+def test_a_text_over_the_limits_is_cut_and_the_page_says_so(cache, folder, model, text, limit, monkeypatch):
+    shown = []
+    monkeypatch.setattr(gr, "Warning", shown.append)
+    demo = app.Demo(cache)
+    out = demo.explain(folder if model == "FOLDER" else model, text, "", "normxlogit", 4, "word", False, [])
+    state = out[0]
+    assert state.notices and limit in state.notices[0] and "explains the first" in state.notices[0]
+    assert shown[:1] == state.notices[:1] and "explains the first" in values(out[5])  # a notice and the heading
+    assert len(state.prefixes[0]) < len(text) and text.startswith(state.prefixes[0])
+    assert "answered in" in values(out[5])
 
 
 def test_unexpected_errors_become_messages(cache, folder, monkeypatch):
@@ -391,7 +424,11 @@ def test_method_pickers_offer_only_what_the_loaded_model_supports():
     assert "decompx" not in method["choices"] and "globenc" not in compare["choices"]
     assert {"normxlogit", "integrated_gradients"} <= set(method["choices"])
     *_, method, _ = demo.on_model_change("tiny-bert")
-    assert method["choices"] == demo.methods  # a BERT encoder: every method
+    bert = cache.get("tiny-bert")[0]
+    assert method["choices"] == normx.methods.methods_for(bert)  # a BERT encoder: all but the decoder methods
+    assert "decompx" in method["choices"] and "norm_attention" not in method["choices"]
+    *_, method, _ = demo.on_model_change("tiny-llama")
+    assert "norm_attention" in method["choices"]
     *_, method, compare = demo.on_model_change("not-loaded-yet")
     assert method == {"__type__": "update"} and compare == {"__type__": "update"}  # unknown until it loads
     assert views.default_compare_methods(normx.list_methods()) == ["gradient_norm", "gradient_x_input", "logat",
@@ -439,13 +476,10 @@ def test_gradio_client_end_to_end(cache, folder, calls):
         assert values(prediction).startswith("**Prediction:** ")
         assert {c["label"] for c in probs["value"]["confidences"]} == {"negative", "positive"}
         for box in (label0, label1):
-            tokens = box["value"]
-            assert "".join(t["token"] for t in tokens) == TEXT
-            scores = [t["class_or_confidence"] for t in tokens if t["class_or_confidence"] is not None]
-            assert len(scores) == 6 and all(-1 <= s <= 1 for s in scores)
+            assert text_of(box) == TEXT and len(units_of(box)) == 6
         # the layer slider's endpoint re-renders from the session's state: no new forward pass
         views = client.predict(2, "word", False, 0, "positive", "negative", ["normxlogit"], api_name="/render")
-        assert "layer 2" in views[2]["label"] and views[2]["value"] != label0["value"]
+        assert "layer 2" in title_of(views[2]) and views[2]["value"] != label0["value"]
         assert calls["n"] == 1
         with pytest.raises(Exception, match="empty"):
             client.predict(folder, " ", "", "normxlogit", 4, "word", False, [], api_name="/explain")
@@ -476,7 +510,7 @@ def test_default_preset_sentiment():
     bad = demo.explain("minilm-sst2", "a dull, lifeless movie with a predictable plot", "", "normxlogit", 4, "word",
                        False, [])
     assert good[0].steps[0].prediction == "positive" and bad[0].steps[0].prediction == "negative"
-    positive = dict(scored(values(good[8])))  # the positive label's view
+    positive = dict(units_of(good[8]))  # the positive label's view
     assert positive["gripping"] > 0 and positive["beautifully"] > 0
     served, _ = demo.cache.get("minilm-sst2")  # the LoRA adapter merged into the base (serving._load_model)
     assert not hasattr(served, "peft_config") and type(served).__name__ == "BertForSequenceClassification"
@@ -496,7 +530,7 @@ def test_smollm2_preset_continues_and_explains():
     out = demo.explain("smollm2", "The capital of France is", "", "normxlogit", 3, "word", False, [])
     state = out[0]
     assert len(state.steps) == 3 and "Paris" in state.continuation
-    assert texts_of(values(out[7])) == "The capital of France is"
+    assert text_of(out[7]) == "The capital of France is"
 
 
 def test_api_endpoints_have_meaningful_names_and_optional_inputs(cache, folder):

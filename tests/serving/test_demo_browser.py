@@ -93,11 +93,14 @@ def test_explain_in_the_browser(page, url, model_name):
 
     prediction = page.locator("#normx-prediction")
     playwright.expect(prediction).to_contain_text("Prediction:", timeout=TIMEOUT_MS)
-    tokens = page.locator("#normx-label-0 .score-token")
+    tokens = page.locator("#normx-label-0 .normx-unit")
     playwright.expect(tokens.first).to_be_visible()
     shown = [t.strip() for t in tokens.all_inner_texts()]
     assert [t for t in shown if t] == ["a", "gripping", ",", "beautifully", "acted", "film"]
-    playwright.expect(page.locator("#normx-label-1 .score-token").first).to_be_visible()
+    assert re.fullmatch(r"[+-]\d.*", tokens.nth(1).get_attribute("title") or "")  # its score on hover
+    playwright.expect(page.locator("#normx-label-1 .normx-unit").first).to_be_visible()
+    playwright.expect(page.locator("#normx-label-0")).to_contain_text("compare tokens, not signs")  # relative
+    playwright.expect(prediction).to_contain_text("answered in")
     playwright.expect(page.locator("#normx-probabilities")).to_contain_text("positive")
     playwright.expect(page.locator("#normx-label-0")).to_contain_text("layer 6")
     label = prediction.inner_text()
@@ -134,12 +137,58 @@ def test_explain_in_the_browser(page, url, model_name):
     box.fill("")
     page.locator("#normx-explain").click()
     playwright.expect(page.get_by_text("the text is empty").first).to_be_visible()
+    _controls_usable(page)
     box.fill("a dull film")
     page.locator("#normx-explain").click()
     page.get_by_role("tab", name="Per label").click()
     playwright.expect(page.locator("#normx-label-0")).to_contain_text("dull")
 
     assert page.outside == [], f"the page tried to reach the network: {page.outside}"
+
+
+def _controls_usable(page) -> None:
+    """After an error the method picker and the layer slider are controls, not error badges."""
+    for control in ("#normx-method", "#normx-layer"):
+        playwright.expect(page.locator(control)).not_to_contain_text("Error")
+    playwright.expect(page.locator("#normx-method input")).to_be_enabled()
+    playwright.expect(page.locator("#normx-layer input[type=range]")).to_be_enabled()
+
+
+def test_unsigned_methods_long_pastes_and_errors_in_the_browser(page, url):
+    """An unsigned method's view is a magnitude scale and says so; a 3,000-word paste is cut with a notice; after
+    an over-budget or empty request the controls stay usable."""
+    page.goto(url, wait_until="domcontentloaded")
+    method = page.locator("#normx-method input")
+    method.click()
+    method.fill("gradient_norm")
+    page.get_by_role("option", name="gradient_norm").click()
+    box = page.locator("#normx-text textarea")
+    box.fill("a gripping, beautifully acted film")
+    page.locator("#normx-explain").click()
+    view = page.locator("#normx-label-0")
+    playwright.expect(view).to_contain_text("magnitude (unsigned)", timeout=TIMEOUT_MS)
+    styles = [u.get_attribute("style") or "" for u in view.locator(".normx-unit").all()]
+    assert all("239,68,60" not in s and "128,90,213" not in s for s in styles)  # no red / purple
+    assert any("rgba(230,150,0" in s for s in styles)  # one colour
+    page.get_by_role("tab", name="Contrast").click()
+    playwright.expect(page.locator("#normx-contrast")).to_contain_text("No contrast")
+    page.get_by_role("tab", name="Per label").click()
+    method.click()
+    method.fill("normxlogit")
+    page.get_by_role("option", name="normxlogit").click()
+
+    words = " ".join(f"word{i % 50}" for i in range(3000))
+    box.fill(words)
+    page.locator("#normx-explain").click()
+    prediction = page.locator("#normx-prediction")
+    playwright.expect(prediction).to_contain_text("explains the first", timeout=TIMEOUT_MS)
+    playwright.expect(prediction).to_contain_text("2,000 characters")
+    _controls_usable(page)
+
+    box.fill("   ")
+    page.locator("#normx-explain").click()
+    playwright.expect(page.get_by_text("the text is empty").first).to_be_visible()
+    _controls_usable(page)
 
 
 def test_generate_view_in_the_browser(browser):
@@ -168,7 +217,7 @@ def test_generate_view_in_the_browser(browser):
             assert steps.count() >= 3
             steps.nth(2).click()
             playwright.expect(prediction).to_contain_text("Step 3 of")
-            tokens = page.locator("#normx-label-0 .score-token")
+            tokens = page.locator("#normx-label-0 .normx-unit")
             playwright.expect(tokens.first).to_be_visible()
             shown = "".join(tokens.all_inner_texts())
             assert "capital" in shown and "France" in shown  # the step's view covers the prompt before it

@@ -122,22 +122,18 @@ def model_device(model: torch.nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
-def forward_logits(model, items: Sequence[Item], *, pad_id: int | None, padding_side: str = "right",
-                   position_ids: bool = False, batch_size: int = 64, progress: bool = False,
+def forward_logits(model, items: Sequence[Item], *, batch_size: int = 64, progress: bool = False,
                    desc: str = "forward") -> np.ndarray:
-    """The model's own logits [len(items), C] (float32) for ``items``, run in length-sorted batches.
-
-    ``model(**batch).logits`` with ``input_ids``, ``attention_mask``, the items' extra inputs and, for decoders
-    (``position_ids=True``), position ids that skip left padding, exactly as :func:`normx.explain` batches.
-    """
+    """The model's own logits [len(items), C] (float32) for ``items``: ``model(**batch).logits`` on batches of
+    items of the same length, so that no row is padded and each is exactly the model's plain call on its tokens
+    (``input_ids``, ``attention_mask`` and the items' extra inputs, nothing else): the judge of faithfulness is the
+    model as its user runs it, whatever its classifier makes of a pad token."""
     if not items:
         return np.zeros((0, 0), dtype=np.float32)
     device = model_device(model)
-    order = sorted(range(len(items)), key=lambda i: len(items[i].ids))
-    chunks = [order[start:start + batch_size] for start in range(0, len(order), batch_size)]
     out: np.ndarray | None = None
-    for chunk in _progress(chunks, progress, desc):
-        batch = collate([items[i] for i in chunk], pad_id, padding_side, device, position_ids=position_ids)
+    for chunk in _progress(same_length_chunks([len(item.ids) for item in items], batch_size), progress, desc):
+        batch = collate([items[i] for i in chunk], None, device)
         with torch.no_grad():
             logits = model(**batch).logits.float().cpu().numpy()
         if out is None:
@@ -146,12 +142,24 @@ def forward_logits(model, items: Sequence[Item], *, pad_id: int | None, padding_
     return out
 
 
+def same_length_chunks(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
+    """Indices grouped into batches of at most ``batch_size`` inputs of one length each, shortest first."""
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+    chunks: list[list[int]] = []
+    for i in order:
+        if chunks and len(chunks[-1]) < batch_size and lengths[chunks[-1][0]] == lengths[i]:
+            chunks[-1].append(i)
+        else:
+            chunks.append([i])
+    return chunks
+
+
 @dataclass
 class Perturber:
     """Runs a model on inputs and on their perturbations, remembering every input it has run.
 
-    ``strategy`` is ``"mask"`` (needs ``mask_token_id``) or ``"delete"``; ``pad_id``, ``padding_side`` and
-    ``position_ids`` batch the inputs as :func:`normx.explain` does for this model.
+    ``strategy`` is ``"mask"`` (needs ``mask_token_id``) or ``"delete"``; inputs are run unpadded
+    (:func:`forward_logits`).
     """
 
     model: torch.nn.Module
@@ -159,9 +167,6 @@ class Perturber:
     mask_token_id: int | None = None
     ks: tuple[float, ...] = K_VALUES
     special_tokens: str = "include"
-    pad_id: int | None = None  # None: the inputs must not need padding
-    padding_side: str = "right"
-    position_ids: bool = False
     batch_size: int = 64
     progress: bool = False
     cache: dict[bytes, np.ndarray] = field(default_factory=dict)
@@ -181,9 +186,8 @@ class Perturber:
                 todo[key] = item
         if todo:
             with using(self.model):
-                new = forward_logits(self.model, list(todo.values()), pad_id=self.pad_id,
-                                     padding_side=self.padding_side, position_ids=self.position_ids,
-                                     batch_size=self.batch_size, progress=self.progress, desc=desc)
+                new = forward_logits(self.model, list(todo.values()), batch_size=self.batch_size,
+                                     progress=self.progress, desc=desc)
             self.cache.update(zip(todo, new))
         return np.stack([self.cache[key] for key in keys])
 

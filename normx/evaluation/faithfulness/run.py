@@ -31,7 +31,7 @@ import numpy as np
 
 from normx._version import __version__
 from normx.core.handle import ModelHandle, model_handle
-from normx.core.inputs import encode, pad_token_id, positive_int, resolve_max_length
+from normx.core.inputs import encode, positive_int, resolve_max_length
 from normx.core.labels import LabelSpace
 from normx.data import glue
 from normx.errors import InvalidInputError, NormxError, PairNotSupportedError, UnsupportedModelError
@@ -119,9 +119,8 @@ def evaluate(model, tokenizer, examples: Sequence, methods: str | Sequence[str] 
 
     limit = resolve_max_length(max_length, tokenizer, handle)
     encoded = encode(tokenizer, texts, pairs, limit, "warn")
-    runner = Perturber(model, strategy, tokenizer.mask_token_id, ks, special_tokens, pad_id=pad_token_id(tokenizer),
-                       padding_side=adapter.padding_side(tokenizer), position_ids=adapter.decoder,
-                       batch_size=eval_batch_size, progress=progress)
+    runner = Perturber(model, strategy, tokenizer.mask_token_id, ks, special_tokens, batch_size=eval_batch_size,
+                       progress=progress)
     original = runner.logits([_item(e, 0) for e in encoded], desc="original inputs")
     predicted = original.argmax(-1)
 

@@ -43,7 +43,7 @@ register_method(Method(
     "DecompX: each token's decomposed vector propagated through every block (attention, residuals, LayerNorms, "
     "FFN with zero-origin GeLU) and the head; the token's share of the target logit at the layer (regression: the "
     "l2 norm of its vector); BERT, RoBERTa, XLM-R, ELECTRA",
-    display="DecompX", supports=family_reason, diagnostics=("decomposition_error",), exclusive=True,
+    display="DecompX", supports=family_reason, reading="signed", diagnostics=("decomposition_error",), exclusive=True,
     options=[Option("include_biases", True, "share the biases out over the source tokens (without them the "
                     "decomposition no longer sums to the model's output; the first block's value bias stays, as in "
                     "the official DecompX)", bool, flag="--no-biases"),

@@ -150,7 +150,7 @@ def contribution_maps(model, tokenizer, texts: str | Sequence[str], method: str 
     num_layers = adapter.num_layers(base)
     encoded = encode(tokenizer, texts, pairs, resolve_max_length(max_length, tokenizer, handle), truncation)
     out = []
-    for items, inputs in batches(encoded, batch_size, tokenizer, adapter, handle.device):
+    for items, inputs in batches(encoded, handle.rows_per_pass(batch_size), tokenizer, handle.device):
         with handle.using(), torch.no_grad():
             maps = batch_maps(base, inputs, method, list(range(num_layers + 1)), rollout, internal_batch_size)
         stacked = torch.stack([maps[layer] for layer in range(num_layers + 1)], 1).cpu().numpy()

@@ -27,19 +27,22 @@ register_method(Method(
     "globenc", _scores("globenc"),
     "GlobEnc (Modarressi et al. 2022): norms of the attention block's output decomposed per source token through "
     "both LayerNorms (N_Enc), normalised per row; " + _ROW,
-    display="GlobEnc", shares=True, label_dependent=False, options=[ROLLOUT], supports=family_reason, exclusive=True,
+    display="GlobEnc", shares=True, label_dependent=False,
+    reading="magnitude", options=[ROLLOUT], supports=family_reason, exclusive=True,
     cost=lambda tokens, targets, options: 2 + tokens / 20))  # measured (MiniLM, CPU): 3x a forward at 40, 7x at 256
 register_method(Method(
     "alti", _scores("alti"),
     "ALTI (Ferrando et al. 2022): l1-proximity of each source's decomposed vector to the first LayerNorm's output, "
     "normalised per row; " + _ROW,
-    display="ALTI", shares=True, label_dependent=False, options=[ROLLOUT], supports=family_reason, exclusive=True,
+    display="ALTI", shares=True, label_dependent=False,
+    reading="magnitude", options=[ROLLOUT], supports=family_reason, exclusive=True,
     cost=lambda tokens, targets, options: 2 + tokens / 20))
 register_method(Method(
     "value_zeroing", _scores("value_zeroing"),
     "Value Zeroing (Mohebbi et al. 2023): cosine distance of each token's block output when a source's value "
     "vectors are zeroed, normalised per row (internal_batch_size variants per pass); " + _ROW,
-    display="Value Zeroing", shares=True, label_dependent=False, supports=family_reason, check_options=check_options,
+    display="Value Zeroing", shares=True, label_dependent=False,
+    reading="magnitude", supports=family_reason, check_options=check_options,
     options=[ROLLOUT, Option("internal_batch_size", DEFAULT_INTERNAL_BATCH_SIZE,
                              "value-zeroing variants per block pass", int)],
     # one block pass per (source token, block): ~ one forward pass per token (measured 1.2x tokens on MiniLM)

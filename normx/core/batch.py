@@ -1,0 +1,56 @@
+"""One padded batch of token ids, as normx gives it to a model: what :func:`normx.core.inputs.encode` makes of a text
+(:class:`Encoded`) and how rows are padded into a batch (:func:`collate`). The first-use check
+(:mod:`normx.core.verify`) builds its probe with the same function, so what it checks is what normx runs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from normx._torch import torch
+from normx.errors import InvalidInputError
+
+
+@dataclass
+class Encoded:
+    """One tokenised text or pair, unpadded."""
+
+    text: str
+    text_pair: str | None
+    ids: list[int]
+    tokens: list[str]
+    offsets: list[tuple[int, int]]
+    segments: list[int]  # 0 = text, 1 = text_pair, -1 = special token
+    special: list[bool]
+    extra: dict[str, list[int]] = field(default_factory=dict)  # e.g. token_type_ids
+    warnings: list[str] = field(default_factory=list)
+
+
+def collate(items: list[Encoded], pad_id: int | None, device) -> dict[str, torch.Tensor]:
+    """Pad a list of encodings on the right into a batch of exactly what the tokenizer gives for each text
+    (``input_ids``, ``attention_mask`` and its other inputs), nothing added.
+
+    Right padding and nothing else is what keeps every row the computation the model does on the text alone, in
+    every family: the padding comes after the row's tokens, so a causal model's tokens never see it and an encoder
+    masks it, and each model numbers the row's positions by its own convention (0, 1, ... or RoBERTa's from
+    ``padding_idx + 1``), as it does when it is called on the text alone. Left padding would need position ids, and
+    a passed ``position_ids`` overrides the model's own numbering. :func:`normx.core.verify.verify` checks a padded
+    batch of this function against each row run alone through the model's plain forward."""
+    width = max(len(item.ids) for item in items)
+    if pad_id is None:
+        if any(len(item.ids) != width for item in items):
+            raise InvalidInputError("the tokenizer has neither a pad nor an end-of-sequence token, so texts of "
+                                    "different lengths cannot share a batch: set tokenizer.pad_token, or pass "
+                                    "batch_size=1")
+        pad_id = 0  # never written: every row is full width
+    ids = torch.full((len(items), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(items), width), dtype=torch.long)
+    extras = {name: torch.zeros((len(items), width), dtype=torch.long) for name in items[0].extra}
+    for row, item in enumerate(items):
+        n = len(item.ids)
+        cols = slice(0, n)
+        ids[row, cols] = torch.tensor(item.ids)
+        mask[row, cols] = 1
+        for name, values in item.extra.items():
+            extras[name][row, cols] = torch.tensor(values)
+    batch = {"input_ids": ids, "attention_mask": mask, **extras}
+    return {k: v.to(device) for k, v in batch.items()}

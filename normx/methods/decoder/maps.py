@@ -1,0 +1,201 @@
+"""Attention and norm-based attention rows of a decoder: for query positions q, a score for every key j, per block,
+from ONE forward pass of the model with eager attention.
+
+For block l with heads h, attention probabilities alpha^(l,h) (the model's own, captured from its attention module)
+and value vectors v_j^(l,h) (captured from its value projection; key-value heads repeated as the model does for
+grouped-query attention, ``num_attention_heads / num_key_value_heads`` query heads per key-value head):
+
+- ``attention``: a_(q,j)^l = mean_h alpha^(l,h)_(q,j);
+- ``norm_attention`` (Kobayashi et al., EMNLP 2020): n_(q,j)^l = || sum_h alpha^(l,h)_(q,j) f^(l,h)(x_j) ||_2, with
+  f^(l,h)(x_j) = W_O^h v_j^(l,h) the value vector pushed through head h's slice of the output projection (the value
+  bias included, the output bias not: it belongs to no token). Computed as sqrt(alpha^T G alpha) with the per-key
+  Gram matrix G_j[h, k] = <f^h(x_j), f^k(x_j)> in float64: no [Q, T, hidden] tensor, exact to float rounding.
+
+Each block's rows are made inside its attention module's forward hook, at the asked query rows only, so a pass keeps
+[B, Q, T] per block, never the [B, heads, T, T] probabilities of every block. Keys that are padding get zero (a
+right-padded causal row never reaches them; they are masked anyway). Checks on every pass, at the rows read: each
+head's probabilities sum to one over the keys, and (``norm_attention``) the value vectors mixed by them and pushed
+through the output projection give the attention module's own output; a model that fails either is refused
+(:class:`~normx.errors.UnsupportedModelError`).
+"""
+
+from __future__ import annotations
+
+from normx._torch import torch
+from normx.core.concurrency import attention_weights
+from normx.core.forward import Pass
+from normx.core.hooks import hooked, output_tensor
+from normx.errors import UnsupportedModelError
+from normx.methods.decoder.heads import BlockAttention, block_attention, decoder_reason
+
+KINDS = ("attention", "norm_attention")
+_CHUNK = 2**24  # at most this many floats in one [B, tokens, heads, hidden] chunk of f^h(x_j)
+
+
+def _tolerance(dtype: torch.dtype) -> float:
+    return 1e-4 if dtype in (torch.float32, torch.float64) else 3e-2
+
+
+def _probabilities(output, block: BlockAttention, method: str, length: int) -> torch.Tensor:
+    """The attention probabilities [B, heads, T, T] in the attention module's output (eager attention)."""
+    probs = output[1] if isinstance(output, (tuple, list)) and len(output) > 1 else None
+    if not isinstance(probs, torch.Tensor) or probs.dim() != 4 or probs.shape[-2:] != (length, length):
+        got = f"a tensor of shape {tuple(probs.shape)}" if isinstance(probs, torch.Tensor) else type(probs).__name__
+        raise UnsupportedModelError(
+            f"{method} reads the attention probabilities [batch, heads, {length}, {length}] that a decoder block's "
+            f"attention module returns with eager attention; block {block.layer}'s {type(block.attention).__name__} "
+            f"returned {got} instead")
+    return probs
+
+
+def _rows(probs: torch.Tensor, queries: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """alpha at the query rows [B, heads, Q, T] (float32; float64 for float64 models), padding keys zeroed."""
+    b, h, _, t = probs.shape
+    rows = probs.gather(2, queries[:, None, :, None].expand(b, h, queries.shape[1], t))
+    rows = rows if rows.dtype == torch.float64 else rows.float()
+    return rows * mask[:, None, None, :].to(rows.dtype)
+
+
+def _check_sums(rows: torch.Tensor, block: BlockAttention, method: str, dtype: torch.dtype) -> None:
+    worst = float((rows.sum(-1) - 1).abs().max()) if rows.numel() else 0.0
+    if worst > (1e-3 if dtype in (torch.float32, torch.float64) else 5e-2):
+        raise UnsupportedModelError(
+            f"{method} reads attention probabilities that sum to one over the keys; block {block.layer}'s "
+            f"{type(block.attention).__name__} gave rows that are off by {worst:.3g} (attention sinks, or weights "
+            "that are not a softmax over the tokens)")
+
+
+def _norm_rows(rows: torch.Tensor, values: torch.Tensor, block: BlockAttention) -> torch.Tensor:
+    """|| sum_h alpha^h_(q,j) W_O^h v^h_j || [B, Q, T] (float32) from alpha [B, H, Q, T] and values [B, T, H, d]."""
+    heads = rows.shape[1]
+    w_o = block.head_projections(heads)  # [H, d, hidden]
+    b, t = values.shape[:2]
+    gram = torch.empty((b, t, heads, heads), dtype=torch.float64, device=values.device)
+    step = max(1, _CHUNK // max(1, b * heads * w_o.shape[-1]))
+    for start in range(0, t, step):
+        f = torch.einsum("bthd,hdo->btho", values[:, start:start + step].to(w_o.dtype), w_o).double()
+        gram[:, start:start + step] = torch.einsum("btho,btko->bthk", f, f)
+    alpha = rows.double()
+    squared = torch.einsum("bhqt,bthk,bkqt->bqt", alpha, gram, alpha)
+    return squared.clamp_min(0).sqrt().float()
+
+
+def _repeated(values: torch.Tensor, heads: int, block: BlockAttention, method: str) -> torch.Tensor:
+    """The key-value heads' values [B, T, kv, d] repeated for the query heads that share them, as transformers'
+    ``repeat_kv`` does (query head h reads key-value head h // (heads / kv)) -> [B, T, heads, d]."""
+    kv = values.shape[2]
+    if kv == 0 or heads % kv:
+        raise UnsupportedModelError(
+            f"{method}: block {block.layer}'s {type(block.attention).__name__} has {heads} attention heads, and its "
+            f"{type(block.values).__name__}'s output cut into {block.head_dim}-wide heads gives {kv} value heads, "
+            "which do not divide them: its values are laid out in a way the method does not read")
+    return values.repeat_interleave(heads // kv, dim=2) if kv < heads else values
+
+
+def _check_mix(rows: torch.Tensor, values: torch.Tensor, output, block: BlockAttention, queries: torch.Tensor,
+               method: str) -> None:
+    """The value vectors mixed by ``rows`` and pushed through the output projection must give the attention
+    module's own output at the query rows."""
+    real = output_tensor(output)
+    b = real.shape[0]
+    real = real[torch.arange(b, device=real.device)[:, None], queries]  # [B, Q, hidden]
+    mixed = torch.einsum("bhqt,bthd->bqhd", rows, values.to(rows.dtype)).reshape(*queries.shape, -1)
+    try:
+        again = block.output(mixed.to(real.dtype))
+    except RuntimeError as exc:  # a projection that does not take heads x head_dim inputs
+        raise UnsupportedModelError(
+            f"{method}: block {block.layer}'s {type(block.output).__name__} does not take the {mixed.shape[-1]} "
+            f"mixed value features ({rows.shape[1]} heads x {block.head_dim}): {str(exc).splitlines()[0]}") from None
+    scale = float(real.abs().max()) if real.numel() else 0.0
+    worst = float((again.float() - real.float()).abs().max()) if real.numel() else 0.0
+    if worst > _tolerance(real.dtype) * max(scale, 1e-6):
+        raise UnsupportedModelError(
+            f"{method} reads the value vectors of block {block.layer}'s {type(block.attention).__name__} from its "
+            f"{type(block.values).__name__}, but mixed by the attention probabilities and projected by its "
+            f"{type(block.output).__name__} they do not give the module's own output (off by {worst:.3g} of "
+            f"{scale:.3g}): this model computes its attention in a way the method does not read")
+
+
+def _needed(layers: list[int], aggregate: bool) -> list[int]:
+    """The blocks (1-based) the scores at ``layers`` read."""
+    top = max(layers)
+    return list(range(1, top + 1)) if aggregate else sorted({layer for layer in layers if layer > 0})
+
+
+def block_rows(run: Pass, queries: torch.Tensor, kind: str, blocks: list[int], method: str | None = None
+               ) -> dict[int, torch.Tensor]:
+    """Run ``run``'s forward pass (:meth:`Pass.run`, so its captured layers are there after) with eager attention
+    and return ``{block l: rows [B, Q, T] float32}`` at query positions ``queries`` [B, Q] for ``blocks``."""
+    method = method or kind
+    base = run.model
+    mask = run.inputs["attention_mask"]
+    length = mask.shape[1]
+    read = block_attention(base, blocks, method, values=kind == "norm_attention")
+    modules = {f"{layer}.attention": block.attention for layer, block in read.items()}
+    if kind == "norm_attention":
+        modules |= {f"{layer}.values": block.values for layer, block in read.items()}
+    captured_values: dict[int, torch.Tensor] = {}
+    out: dict[int, torch.Tensor] = {}
+
+    def on_call(key, _args, _kwargs, output):
+        layer, part = key.split(".")
+        block = read[int(layer)]
+        if part == "values":
+            captured_values[block.layer] = block.value_vectors(output_tensor(output))
+            return None
+        probs = _probabilities(output, block, method, length)
+        rows = _rows(probs, queries, mask)
+        _check_sums(rows, block, method, probs.dtype)
+        if kind == "attention":
+            out[block.layer] = rows.mean(1).float()
+            return None
+        values = captured_values.pop(block.layer, None)
+        if values is None:
+            raise UnsupportedModelError(f"{method}: block {block.layer}'s {type(block.values).__name__} did not run "
+                                        "before its attention returned, so its output is not the values it mixed")
+        values = _repeated(values, rows.shape[1], block, method)
+        _check_mix(rows, values, output, block, queries, method)
+        out[block.layer] = _norm_rows(rows, values, block)
+        return None
+
+    with attention_weights(base), hooked(modules, on_call):
+        run.run()
+    return out
+
+
+def query_rows(run: Pass, queries: torch.Tensor, kind: str, aggregate: bool, method: str | None = None
+               ) -> torch.Tensor:
+    """Scores [B, Q, layers, T] float32 at ``run.layers`` for the predictions at query positions ``queries`` [B, Q],
+    from one forward pass (which this runs: ``run``'s captured layers are there after).
+
+    Layer 0 is the query token alone (1 at its own position). At layer l >= 1: with ``aggregate``, blocks 1..l
+    together (``attention``: their mean; ``norm_attention``: their sum); without, block l alone.
+    """
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    reason = decoder_reason(run.adapter)
+    if reason is not None:
+        raise UnsupportedModelError(f"{method or kind} does not explain {type(run.model).__name__}: {reason}")
+    layers = list(run.layers)
+    blocks = _needed(layers, aggregate)
+    if blocks:
+        rows = block_rows(run, queries, kind, blocks, method)
+    else:  # layer 0 only: the pass is still run, for the prediction
+        rows = {}
+        with attention_weights(run.model):
+            run.run()
+    mask = run.inputs["attention_mask"]
+    identity = torch.zeros((*queries.shape, mask.shape[1]), dtype=torch.float32, device=mask.device)
+    identity.scatter_(2, queries[..., None], 1.0)
+    out, total = [], None
+    for layer in range(max(layers) + 1):
+        if layer > 0 and aggregate:
+            total = rows[layer] if total is None else total + rows[layer]
+        if layer in layers:
+            if layer == 0:
+                out.append(identity)
+            elif not aggregate:
+                out.append(rows[layer])
+            else:
+                out.append(total / layer if kind == "attention" else total)
+    return torch.stack(out, dim=2)
