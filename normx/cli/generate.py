@@ -70,9 +70,9 @@ def render_generation(generation, top: int = 3, color: bool = False) -> str:
     bold, reset = ("\033[1m", "\033[0m") if color else ("", "")
     lines = [f"prompt: {generation.prompt!r}", f"output: {bold}{generation.continuation!r}{reset}",
              f"method: {generation.method}, layer {generation.layers[-1]}; {generation.steps} generated tokens"]
-    width = max((len(repr(generation.tokens[p])) for p in generation.generated), default=0)
+    texts = generation.texts  # tokens as the text they stand for (" Paris", not "ĠParis")
+    width = max((len(repr(texts[p])) for p in generation.generated), default=0)
     for t, p in enumerate(generation.generated):
-        drew = ", ".join(f"{token!r}@{index} {score:+.3g}" for index, token, score in generation.top(t, top))
-        lines.append(f"  {bold}{generation.tokens[p]!r:<{width}}{reset}  p={generation.probabilities[t]:.3f}  "
-                     f"<- {drew}")
+        drew = ", ".join(f"{texts[index]!r}@{index} {score:+.3g}" for index, _, score in generation.top(t, top))
+        lines.append(f"  {bold}{texts[p]!r:<{width}}{reset}  p={generation.probabilities[t]:.3f}  <- {drew}")
     return "\n".join(lines)

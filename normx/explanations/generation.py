@@ -150,11 +150,15 @@ def _generate(plan: Plan, tokenizer, ids: list[int], max_new_tokens: int, gen_ar
 
 
 def _encoded(tokenizer, ids: list[int]) -> Encoded:
-    """The sequence as normx's batching takes it, with character spans of each token in its decoded text."""
+    """The sequence as normx's batching takes it, with character spans of each token in its decoded text. The
+    special tokens the tokenizer itself puts before a text (a BOS) are not in that text (their spans are empty), so
+    that the text of any prefix, given to ``normx.explain``, is tokenised back to the same ids."""
     with tokenizer_lock(tokenizer):
         tokens = tokenizer.convert_ids_to_tokens(ids)
-        ends = [len(tokenizer.decode(ids[:i + 1])) for i in range(len(ids))]
-        text = tokenizer.decode(ids)
+        lead = _added_prefix(tokenizer, ids)
+        body = ids[lead:]
+        ends = [0] * lead + [len(tokenizer.decode(body[:i + 1])) for i in range(len(body))]
+        text = tokenizer.decode(body)
     special_ids = set(getattr(tokenizer, "all_special_ids", []))
     offsets, start = [], 0
     for end in ends:
@@ -163,6 +167,14 @@ def _encoded(tokenizer, ids: list[int]) -> Encoded:
         start = end
     return Encoded(text=text, text_pair=None, ids=list(ids), tokens=list(tokens), offsets=offsets,
                    segments=[0] * len(ids), special=[i in special_ids for i in ids])
+
+
+def _added_prefix(tokenizer, ids: list[int]) -> int:
+    """How many of ``ids``' first ids are the special tokens the tokenizer adds before any text (0 if none)."""
+    plain = tokenizer("a", add_special_tokens=False)["input_ids"]
+    full = tokenizer("a")["input_ids"]
+    prefix = full[:len(full) - len(plain)] if full[len(full) - len(plain):] == plain else []
+    return len(prefix) if prefix and list(ids[:len(prefix)]) == list(prefix) else 0
 
 
 # ---- the two ways of computing -----------------------------------------------------------------------------------

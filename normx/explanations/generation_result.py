@@ -77,9 +77,10 @@ class Generation:
         lines = [f"Generation({self.method}, {self.steps} generated tokens after a {self.prompt_length}-token prompt, "
                  f"layer {self.layers[-1]}: {self.continuation!r}"]
         shown = min(self.steps, 8)
+        texts = self.texts
         for t in range(shown):
-            top = ", ".join(f"{token!r} {score:+.3g}" for _, token, score in self.top(t))
-            lines.append(f"  step {t} {self.tokens[self.prompt_length + t]!r} p={float(self.probabilities[t]):.3f}"
+            top = ", ".join(f"{texts[i]!r} {score:+.3g}" for i, _, score in self.top(t))
+            lines.append(f"  step {t} {texts[self.prompt_length + t]!r} p={float(self.probabilities[t]):.3f}"
                          f" <- {top}")
         if self.steps > shown:
             lines.append(f"  ... {self.steps - shown} more steps")
@@ -90,6 +91,13 @@ class Generation:
     def steps(self) -> int:
         """The number of generated tokens."""
         return len(self.tokens) - self.prompt_length
+
+    @property
+    def texts(self) -> list[str]:
+        """Each token as the text it stands for (``" Paris"``, ``"\\n"``: the tokenizer's own decoding, not its
+        vocabulary spelling ``"ĠParis"``); special tokens as their token (``"<s>"``)."""
+        return [token if special or end <= start else self.text[start:end]
+                for token, (start, end), special in zip(self.tokens, self.offsets, self.special)]
 
     @property
     def generated(self) -> list[int]:
@@ -168,6 +176,7 @@ class Generation:
         by_layer = {str(layer): [_floats(row) for row in self.rows(layer)] for layer in self.layers}
         return {
             "prompt": self.prompt, "text": self.text, "token_ids": list(self.token_ids), "tokens": list(self.tokens),
+            "texts": self.texts,
             "offsets": [list(o) for o in self.offsets], "special": list(self.special),
             "prompt_length": self.prompt_length, "generated": self.generated, "continuation": self.continuation,
             "scores": by_layer[str(self.layers[-1])], "probabilities": _floats(self.probabilities),

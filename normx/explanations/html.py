@@ -133,15 +133,16 @@ def generation_html(g) -> str:
             f'<b style="background:#eef">{html.escape(g.continuation)}</b></div>')
     reading = reading_of(g)
     cell = "padding:2px 4px;font-size:11px;white-space:pre;border:1px solid #eee"
-    header = "".join(f'<th style="{cell};font-weight:400;color:#555">{html.escape(t)}</th>' for t in g.tokens[:-1])
+    texts = g.texts  # tokens as the text they stand for
+    header = "".join(f'<th style="{cell};font-weight:400;color:#555">{html.escape(t)}</th>' for t in texts[:-1])
     rows = []
     for t, p in enumerate(g.generated):
         row = g.rows()[t]
         scale = scale_for(_Units(g.special[:p]), [row], reading)
         cells = "".join(f'<td style="{cell};background:{scale.css(float(v))}" '
-                        f'title="{html.escape(g.tokens[i])}: {float(v):+.4g}"></td>' for i, v in enumerate(row))
+                        f'title="{html.escape(texts[i])}: {float(v):+.4g}"></td>' for i, v in enumerate(row))
         cells += f'<td style="{cell}"></td>' * (len(g.tokens) - 1 - p)
-        rows.append(f'<tr><th style="{cell};text-align:right">{html.escape(g.tokens[p])} '
+        rows.append(f'<tr><th style="{cell};text-align:right">{html.escape(texts[p])} '
                     f'<span style="color:#888">p={g.probabilities[t]:.2f}</span></th>{cells}</tr>')
     table = (f'<div style="overflow-x:auto"><table style="border-collapse:collapse;margin-top:6px">'
              f'<tr><th style="{cell}"></th>{header}</tr>{"".join(rows)}</table></div>')

@@ -182,3 +182,17 @@ def test_generations_compare_and_read_as_text():
     assert text.startswith("Generation(normxlogit, 3 generated tokens") and "step 2" in text and "array" not in text
     e = g.step(0)
     assert "array" not in repr(e) and repr(e).startswith("Explanation(normxlogit") and e.tokens[1] in repr(e)
+
+
+def test_tokens_read_as_text_and_a_steps_text_round_trips_through_explain():
+    model, tokenizer = tiny.build("LlamaForCausalLM")  # byte-level BPE: "Ġfilm" in the vocabulary, a <s> prefix
+    g = normx.explain_generation(model, tokenizer, "the film was", max_new_tokens=3)
+    assert g.tokens[0] == "<s>" and g.texts[0] == "<s>" and not g.text.startswith("<s>")  # not part of the text
+    assert any(t.startswith("Ġ") for t in g.tokens) and not any("Ġ" in t for t in g.texts)
+    assert "".join(g.texts[1:]) == g.text and g.to_dict()["texts"] == g.texts
+    first = g.step(0)
+    assert first.text == "the film was"
+    again = normx.explain(model, tokenizer, first.text, target=g.token_ids[g.prompt_length])
+    assert again.tokens == first.tokens  # one <s>, not two
+    np.testing.assert_allclose(again.scores[0, -1], first.scores[0, -1], rtol=1e-4, atol=1e-5)
+    assert "Ġ" not in repr(g)
