@@ -171,12 +171,14 @@ class Generation:
 
     # ---- export ----------------------------------------------------------------------------------------------------
     def to_dict(self) -> dict:
-        """Plain JSON data: ``scores`` has one row per generated token (the row of the token at index ``p`` has
-        ``p`` entries, for positions 0..p-1) at the last requested layer; ``scores_by_layer`` every layer's."""
+        """Plain JSON data: ``tokens`` as the text each stands for (:attr:`texts`), ``vocabulary_tokens`` as the
+        tokenizer spells them and ``token_ids``; ``scores`` has one row per generated token (the row of the token at
+        index ``p`` has ``p`` entries, for positions 0..p-1) at the last requested layer; ``scores_by_layer`` every
+        layer's."""
         by_layer = {str(layer): [_floats(row) for row in self.rows(layer)] for layer in self.layers}
         return {
-            "prompt": self.prompt, "text": self.text, "token_ids": list(self.token_ids), "tokens": list(self.tokens),
-            "texts": self.texts,
+            "prompt": self.prompt, "text": self.text, "token_ids": list(self.token_ids), "tokens": self.texts,
+            "vocabulary_tokens": list(self.tokens),
             "offsets": [list(o) for o in self.offsets], "special": list(self.special),
             "prompt_length": self.prompt_length, "generated": self.generated, "continuation": self.continuation,
             "scores": by_layer[str(self.layers[-1])], "probabilities": _floats(self.probabilities),
@@ -189,7 +191,7 @@ class Generation:
     @classmethod
     def from_dict(cls, data: dict) -> Generation:
         """The :class:`Generation` that :meth:`to_dict` wrote (``scores_by_layer``, or ``scores`` alone)."""
-        tokens, length = list(data["tokens"]), int(data["prompt_length"])
+        tokens, length = list(data.get("vocabulary_tokens", data["tokens"])), int(data["prompt_length"])
         layers = [int(layer) for layer in data.get("layers", [0])]
         by_layer = data.get("scores_by_layer") or {str(layers[-1]): data["scores"]}
         scores = np.full((len(layers), len(tokens) - length, len(tokens)), np.nan, dtype=np.float32)

@@ -101,7 +101,8 @@ def test_layers_and_the_json_schema(llama):
     data = json.loads(json.dumps(g.to_dict()))
     assert data["prompt_length"] == g.prompt_length and data["generated"] == g.generated
     assert [len(row) for row in data["scores"]] == g.generated  # the row of the token at index p has p entries
-    assert len(data["probabilities"]) == 3 and data["token_ids"] == g.token_ids and data["tokens"] == g.tokens
+    assert len(data["probabilities"]) == 3 and data["token_ids"] == g.token_ids and data["tokens"] == g.texts
+    assert data["vocabulary_tokens"] == g.tokens
     assert set(data["scores_by_layer"]) == {str(layer) for layer in range(len(model.model.layers) + 1)}
     back = Generation.from_dict(data)
     np.testing.assert_allclose(back.scores, g.scores, rtol=1e-6, equal_nan=True)
@@ -189,7 +190,7 @@ def test_tokens_read_as_text_and_a_steps_text_round_trips_through_explain():
     g = normx.explain_generation(model, tokenizer, "the film was", max_new_tokens=3)
     assert g.tokens[0] == "<s>" and g.texts[0] == "<s>" and not g.text.startswith("<s>")  # not part of the text
     assert any(t.startswith("Ġ") for t in g.tokens) and not any("Ġ" in t for t in g.texts)
-    assert "".join(g.texts[1:]) == g.text and g.to_dict()["texts"] == g.texts
+    assert "".join(g.texts[1:]) == g.text and g.to_dict()["tokens"] == g.texts  # the JSON reads as text too
     first = g.step(0)
     assert first.text == "the film was"
     again = normx.explain(model, tokenizer, first.text, target=g.token_ids[g.prompt_length])
