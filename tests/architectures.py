@@ -16,7 +16,7 @@ import torch
 import transformers
 from transformers import CONFIG_MAPPING
 
-from normx.models.coverage import listed_architectures
+from normx.models.coverage import FAILS, REFUSED, VERIFIED, WRONG, failure_detail, listed_architectures
 
 SHRINK = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
               head_dim=16, moe_intermediate_size=32, num_experts=4, num_local_experts=4, n_routed_experts=4,
@@ -86,14 +86,12 @@ def build(model_type: str, name: str, kind: str, seed: int = 0):
         except TransformersFailed:
             raise
         except Exception as exc:  # transformers' own failure on the shrunk config
-            raise TransformersFailed(f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
-                                     ) from None
+            raise TransformersFailed(failure_detail(exc)) from None
     return model
 
 
 # ---- verdicts ---------------------------------------------------------------------------------------------------
 
-VERIFIED, REFUSED, FAILS, WRONG = "verified", "refused", "transformers fails", "wrong scores"
 TOLERANCE = 1e-4  # float32: NormXLogit against the reference, as a fraction of its scale
 
 

@@ -90,23 +90,17 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     tr.add_argument("--no-progress", action="store_true")
     cache = sub.add_parser("cache", help="what normx keeps in its cache folder (converted GGUF models), with sizes")
     cache.add_argument("--clear", action="store_true", help="remove everything in the cache folder")
-    supported = sub.add_parser("supported", help="which transformers architectures normx explains (verified against "
-                               "their own outputs), which it refuses and why")
-    supported.add_argument("--verdict", choices=["verified", "refused", "transformers fails", "not yet measured"],
-                           default=None,
-                           help="only the architectures with this verdict")
-    supported.add_argument("--registered", action="store_true",
-                           help="only the classes with a registered adapter (the others are discovered on first use)")
     if heavy("evaluate"):
         from normx.cli.evaluate import add_evaluate_parser
 
         add_evaluate_parser(sub)
     else:
         sub.add_parser("evaluate", help="evaluate explanations: faithfulness, blimp")
-    from normx.cli import generate, space
+    from normx.cli import generate, space, supported
 
     generate.add_parser(sub, heavy("generate"))
     space.add_parser(sub)
+    supported.add_parser(sub)
     show = sub.add_parser("show", help="one HTML report of a folder written by `normx attribute`: the corpus "
                                        "summary and every example, sortable and paged")
     show.add_argument("folder", metavar="DIR")
@@ -147,7 +141,7 @@ def _run(args) -> int:
             for name, description in experimental.items():
                 print(f"{name:<20} {description}")
         return 0
-    if args.command in ("evaluate", "generate", "space"):  # the commands with a module of their own
+    if args.command in ("evaluate", "generate", "space", "supported"):  # the commands with a module of their own
         return importlib.import_module(f"normx.cli.{args.command}").run(args)
     if args.command == "models":
         return _models(args)
@@ -155,8 +149,6 @@ def _run(args) -> int:
         return _train(args)
     if args.command == "attribute":
         return _attribute(args)
-    if args.command == "supported":
-        return _supported(args)
     if args.command == "cache":
         return _cache(args)
     if args.command == "show":
@@ -247,26 +239,6 @@ def _cache(args) -> int:
     total = sum(entry["bytes"] for entry in entries)
     print(f"{len(entries)} entries, {total / 2**20:.1f} MB in {cache_root()} ($NORMX_CACHE moves it; "
           "`normx cache --clear` empties it)")
-    return 0
-
-
-def _supported(args) -> int:
-    from normx.models import supported_models
-    from normx.models.coverage import coverage, grouped, installed_transformers, unmeasured_rows
-
-    if args.registered:
-        print("\n".join(supported_models()))
-        return 0
-    table = coverage()
-    missing = unmeasured_rows(table)
-    rows = [row for row in grouped(table["architectures"] + missing) if args.verdict in (None, row["verdict"])]
-    for row in rows:
-        print(f"{row['class']:<48} {row['head']:<24} {row['verdict']:<19} {row['detail']}")
-    summary, installed = table["summary"], installed_transformers()
-    print(f"\n{len(rows)} architectures: measured with transformers {summary['transformers']} on {summary['date']} "
-          f"(tiny models from default configs); installed: transformers {installed}"
-          + (f", which lists {len(missing)} architectures the table has not measured" if missing else "")
-          + ". Every model is also checked against its own outputs the first time normx explains it.")
     return 0
 
 

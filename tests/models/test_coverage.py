@@ -6,6 +6,7 @@ equal the reference read from the model's own outputs; a refused one must say wh
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import architectures
@@ -88,3 +89,60 @@ def test_supported_lists_each_class_once_per_head(capsys):
     keys = [(line[:48].strip(), line[49:73].strip(), line[74:93].strip()) for line in lines]
     assert len(keys) == len(set(keys)), "a class is listed twice with one verdict"
     assert sum(key[:2] == ("LlamaForCausalLM", "causal_lm") for key in keys) == 1
+
+
+# ---- one source of the counts: README, docs/supported.md and `normx supported` -------------------------------------
+
+ROOT = STORED.parents[2]
+
+
+def test_docs_supported_is_generated_from_the_table():
+    """docs/supported.md is exactly what ``bench/architecture_coverage.py --docs`` writes from coverage.json."""
+    assert (ROOT / "docs" / "supported.md").read_text() == coverage.markdown(), \
+        "docs/supported.md is stale: python bench/architecture_coverage.py --docs"
+
+
+def test_readme_quotes_the_computed_counts():
+    n = coverage.counts()
+    text = " ".join((ROOT / "README.md").read_text().split())
+    found = re.search(r"Of the (\d+) architectures \(class and head\) transformers [\d.]+ lists .*?\*\*(\d+) are "
+                      r"verified \((\d+) %\)\*\*.*? and the (\d+) others are refused", text)
+    assert found, "the README's sentence on the architecture counts is gone"
+    assert [int(g) for g in found.groups()] == [n["built"], n["verified"], round(100 * n["share"]), n["refused"]]
+    assert n["built"] == n["verified"] + n["refused"] + n["wrong scores"]
+
+
+def test_one_row_and_one_verdict_per_class_and_head():
+    rows = coverage.architecture_rows()
+    keys = [(row["class"], row["head"]) for row in rows]
+    assert len(keys) == len(set(keys))
+    llama4 = next(row for row in rows if row["class"] == "Llama4ForCausalLM")  # two model types, two outcomes
+    assert llama4["verdict"] == coverage.REFUSED and sorted(llama4["model_types"]) == ["llama4", "llama4_text"]
+    assert "llama4: transformers fails" in llama4["detail"] and "llama4_text: refused" in llama4["detail"]
+    heads = coverage.counts(rows)["heads"]
+    assert sum(sum(c.values()) for c in heads.values()) == len(rows)
+
+
+def test_details_are_whole_and_never_empty():
+    for row in coverage.architecture_rows():
+        detail = row["detail"]
+        assert detail.strip() and not detail.rstrip().endswith(":"), f"{row['class']}: {detail!r}"
+        assert len(detail.split(": ", 1)[-1].strip()) > 3, f"{row['class']}: {detail!r}"
+    assert coverage.shortened("word " * 100, 23) == "word word word word …"
+    assert coverage.shortened("a\n   b\n") == "a b"
+    assert coverage.failure_detail(ImportError("")) == "ImportError: (no message)"
+    try:
+        try:
+            raise ValueError("the real reason")
+        except ValueError as inner:
+            raise RuntimeError("Class validation error:\n    ValueError: the real reason") from inner
+    except RuntimeError as exc:
+        assert coverage.failure_detail(exc) == "RuntimeError: Class validation error: ValueError: the real reason"
+
+
+def test_supported_prints_the_computed_counts(capsys):
+    assert main(["supported"]) == 0
+    out = capsys.readouterr().out
+    assert coverage.summary_sentence() in " ".join(out.split())
+    n = coverage.counts()
+    assert f"{n['verified']} of {n['built']} architectures that build and run are verified" in out
