@@ -1,20 +1,25 @@
 """Rows of a corpus, streamed: TSV, CSV, JSONL and Parquet files, or a Hugging Face hub dataset id (online).
 
 :func:`iter_rows` yields ``(id, text, text_pair)`` one row at a time, ``id`` being the row's 0-based index in the
-input, so memory does not grow with the corpus. Columns default to the usual names (``text``, ``sentence``,
-``sentence1``, ``premise``, ``question`` for the text; ``text_pair``, ``sentence2``, ``hypothesis`` and, after
-``question``, ``sentence`` for the pair): the GLUE files in the shared data folder work without options.
+input, so memory does not grow with the corpus. Every line of a TSV, CSV or JSONL file is a row (blank and malformed
+lines too, as rows with an error: :mod:`~normx.data.lines`), so row ``k`` is the ``k``-th line after a TSV / CSV
+header (line ``k + 2``) and line ``k + 1`` of a JSONL file. :func:`fingerprint` identifies a file's content.
+
+Columns default to the usual names (``text``, ``sentence``, ``sentence1``, ``premise``, ``question`` for the text;
+``text_pair``, ``sentence2``, ``hypothesis`` and, after ``question``, ``sentence`` for the pair): the GLUE files in
+the shared data folder work without options.
 """
 
 from __future__ import annotations
 
-import csv
+import hashlib
 import itertools
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from normx.data import lines
+from normx.data.lines import ERROR
 from normx.errors import InvalidInputError, ModelLoadError
 
 SUFFIXES = (".tsv", ".csv", ".jsonl", ".parquet")
@@ -31,7 +36,6 @@ class Row:
 
 
 ERRORS = ("raise", "record")
-_ERROR = "\0normx-error"  # the key of a record that could not be read (the value says why, with file:line)
 
 
 def iter_rows(source: str | Path, text_column: str | None = None, pair_column: str | None = None,
@@ -45,21 +49,21 @@ def iter_rows(source: str | Path, text_column: str | None = None, pair_column: s
     records = _records(source)
     leading, first = [], None  # rows that could not be read before the first that can (it names the columns)
     for entry in records:
-        if _ERROR not in entry[1]:
+        if ERROR not in entry[1]:
             first = entry
             break
         if errors == "raise":
-            raise InvalidInputError(entry[1][_ERROR])
+            raise InvalidInputError(entry[1][ERROR])
         leading.append(entry)
     if first is None:
-        raise InvalidInputError(f"{source} has no rows" + (f" that can be read ({leading[0][1][_ERROR]})"
+        raise InvalidInputError(f"{source} has no rows" + (f" that can be read ({leading[0][1][ERROR]})"
                                                            if leading else ""))
     text_column, pair_column = _columns(source, first[1], text_column, pair_column)
     count = 0
     for number, record in itertools.chain(leading, [first], records):
         if limit is not None and count >= limit:
             return
-        problem = record.get(_ERROR)
+        problem = record.get(ERROR)
         text = record.get(text_column)
         pair = record.get(pair_column) if pair_column else None
         if problem is None and not isinstance(text, str):
@@ -96,74 +100,37 @@ def _columns(source, record: dict, text_column: str | None, pair_column: str | N
     return text_column, pair_column
 
 
+_FINGERPRINTS: dict[tuple, dict] = {}  # (path, size, mtime, inode, device) -> fingerprint, for this process
+
+
+def fingerprint(source) -> dict | None:
+    """The content of the data file ``source``: ``{"bytes": size, "sha256": hex digest}`` (the file read once per
+    process while its size, time and inode stay); None for a hub dataset id, whose content is not checked."""
+    path = Path(str(source)).expanduser()
+    if not path.is_file():
+        return None
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns, stat.st_ino, stat.st_dev)
+    if key not in _FINGERPRINTS:
+        digest = hashlib.sha256()
+        with open(path, "rb") as handle:
+            while chunk := handle.read(1 << 20):
+                digest.update(chunk)
+        _FINGERPRINTS.clear()
+        _FINGERPRINTS[key] = {"bytes": stat.st_size, "sha256": digest.hexdigest()}
+    return dict(_FINGERPRINTS[key])
+
+
 def _records(source) -> Iterator[tuple[int, dict]]:
     """(line or row number for messages, record) pairs."""
     path = Path(str(source)).expanduser()
     if path.is_file():
         if path.suffix not in SUFFIXES:
             raise InvalidInputError(f"{path} has the suffix {path.suffix!r}; use one of {', '.join(SUFFIXES)}")
-        return {".tsv": _delimited, ".csv": _delimited, ".jsonl": _jsonl, ".parquet": _parquet}[path.suffix](path)
+        return {".tsv": lines.tsv, ".csv": lines.csv, ".jsonl": lines.jsonl, ".parquet": _parquet}[path.suffix](path)
     if path.suffix in SUFFIXES or str(source).startswith((".", "/", "~")):
         raise InvalidInputError(f"no data file at {path}")
     return _hub(str(source))
-
-
-def _open(path: Path, newline: str | None = None):
-    """The file as text; bytes that are not UTF-8 become lone surrogates (:func:`_undecodable` finds them), so
-    that a bad byte is reported with its line instead of ending the read."""
-    return open(path, encoding="utf-8", errors="surrogateescape", newline=newline)
-
-
-def _undecodable(path: Path, number: int, *values) -> dict | None:
-    """An error record if any of ``values`` holds bytes that were not UTF-8, else None."""
-    for value in values:
-        if isinstance(value, str):
-            bad = next((i for i, ch in enumerate(value) if "\udc80" <= ch <= "\udcff"), None)
-            if bad is not None:
-                byte = ord(value[bad]) - 0xDC00
-                return {_ERROR: f"{path}:{number}: not UTF-8 text (the byte 0x{byte:02x} at character {bad + 1})"}
-    return None
-
-
-def _delimited(path: Path) -> Iterator[tuple[int, dict]]:
-    """TSV: GLUE style, no quoting, one row a line, fields of any length (extra fields before the named ones read
-    from the end). CSV: quoted fields, up to the csv module's field limit (131,072 characters; a longer one is an
-    error naming the line; the limit is process-wide state that normx leaves alone)."""
-    with _open(path, newline="" if path.suffix == ".csv" else None) as handle:
-        if path.suffix == ".tsv":
-            header = next(handle, "").rstrip("\n").split("\t")
-            if _undecodable(path, 1, *header):
-                raise InvalidInputError(_undecodable(path, 1, *header)[_ERROR])
-            for number, line in enumerate(handle, 2):
-                row = line.rstrip("\n").split("\t")
-                if row != [""]:
-                    if len(row) > len(header):
-                        row = row[:1] + row[len(row) - len(header) + 1:]
-                    yield number, _undecodable(path, number, line) or dict(zip(header, row))
-        else:
-            reader = csv.DictReader(handle)
-            try:
-                for row in reader:
-                    yield reader.line_num, _undecodable(path, reader.line_num, *row.values()) or row
-            except csv.Error as exc:
-                raise InvalidInputError(f"{path}:{reader.line_num}: not a CSV line ({exc})") from None
-
-
-def _jsonl(path: Path) -> Iterator[tuple[int, dict]]:
-    with _open(path) as handle:
-        for number, line in enumerate(handle, 1):
-            if line.strip():
-                bad = _undecodable(path, number, line)
-                if bad is not None:
-                    yield number, bad
-                    continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    yield number, {_ERROR: f"{path}:{number}: not valid JSON ({exc})"}
-                    continue
-                yield number, record if isinstance(record, dict) else {
-                    _ERROR: f"{path}:{number}: not a JSON object"}
 
 
 def _parquet(path: Path) -> Iterator[tuple[int, dict]]:
