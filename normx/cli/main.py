@@ -88,18 +88,17 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     tr.add_argument("--out", default=None, help="output folder (default: the preset's folder in the package)")
     tr.add_argument("--seed", type=int, default=0)
     tr.add_argument("--no-progress", action="store_true")
-    cache = sub.add_parser("cache", help="what normx keeps in its cache folder (converted GGUF models), with sizes")
-    cache.add_argument("--clear", action="store_true", help="remove everything in the cache folder")
     if heavy("evaluate"):
         from normx.cli.evaluate import add_evaluate_parser
 
         add_evaluate_parser(sub)
     else:
         sub.add_parser("evaluate", help="evaluate explanations: faithfulness, blimp")
-    from normx.cli import generate, space, supported
+    from normx.cli import cache, generate, space, supported
 
     generate.add_parser(sub, heavy("generate"))
     space.add_parser(sub)
+    cache.add_parser(sub)
     supported.add_parser(sub)
     show = sub.add_parser("show", help="one HTML report of a folder written by `normx attribute`: the corpus "
                                        "summary and every example, sortable and paged")
@@ -141,7 +140,7 @@ def _run(args) -> int:
             for name, description in experimental.items():
                 print(f"{name:<20} {description}")
         return 0
-    if args.command in ("evaluate", "generate", "space", "supported"):  # the commands with a module of their own
+    if args.command in ("evaluate", "generate", "space", "supported", "cache"):  # commands with a module of their own
         return importlib.import_module(f"normx.cli.{args.command}").run(args)
     if args.command == "models":
         return _models(args)
@@ -149,8 +148,6 @@ def _run(args) -> int:
         return _train(args)
     if args.command == "attribute":
         return _attribute(args)
-    if args.command == "cache":
-        return _cache(args)
     if args.command == "show":
         return _show(args)
 
@@ -226,32 +223,16 @@ def _write_html(args, results) -> None:
         write_text(args.html, page(explanations_html(results), f"normx: {args.model}"))
 
 
-def _cache(args) -> int:
-    from normx.models.gguf import cache_entries, cache_root, clear_cache
-
-    if args.clear:
-        print(f"removed {cache_root()}: {clear_cache() / 2**20:.1f} MB freed")
-        return 0
-    entries = cache_entries()
-    for entry in entries:
-        source = f" from {entry['source']}" if entry.get("source") else ""
-        print(f"{entry['bytes'] / 2**20:10.1f} MB  {entry['name']}{source}  {entry['path']}")
-    total = sum(entry["bytes"] for entry in entries)
-    print(f"{len(entries)} entries, {total / 2**20:.1f} MB in {cache_root()} ($NORMX_CACHE moves it; "
-          "`normx cache --clear` empties it)")
-    return 0
-
-
 def _known_labels(model: str) -> list[str] | None:
     """A classifier's label names, read without loading it (a preset's, or a folder's config.json); None when they
     cannot be known so (hub ids, LM heads, regression)."""
     from pathlib import Path
 
-    from normx.zoo.presets import PRESETS
+    from normx.zoo.presets import preset_named
 
-    if model in PRESETS and not Path(model).exists():
-        labels = list(PRESETS[model].labels)
-        return labels if PRESETS[model].task == "sequence-classification" and len(labels) > 1 else None
+    if (preset := preset_named(model)) is not None:  # a bare preset name is the preset, even beside a folder of it
+        labels = list(preset.labels)
+        return labels if preset.task == "sequence-classification" and len(labels) > 1 else None
     config = Path(model).expanduser() / "config.json"
     if not config.is_file():
         return None
