@@ -7,6 +7,7 @@ import json
 import os
 import sys
 
+from normx.cli.checks import check_layers, check_texts
 from normx.cli.options import add_output_flags, layer_spec, load, texts, write_text
 
 
@@ -40,11 +41,17 @@ def run(args) -> int:
     from normx.errors import InvalidInputError
     from normx.methods import get_method
 
-    get_method(args.method)  # checked before the model loads
+    get_method(args.method)  # everything that can be checked without the model is checked before it loads
     layer = layer_spec(args.layer)
     prompts = texts(args.prompts)
+    check_texts(prompts, "prompt")
     if args.top < 1:
         raise InvalidInputError(f"--top must be at least 1, got {args.top}")
+    if args.max_new_tokens < 1:
+        raise InvalidInputError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
+    if args.continuation is not None:
+        check_texts([args.continuation], "--continuation text")
+    check_layers(layer, args.model, args.gguf_file)
     from normx.explanations.generation import explain_generation
 
     model, tokenizer = load(args)

@@ -10,6 +10,7 @@ import sys
 import warnings
 
 from normx._version import __version__
+from normx.cli.checks import check_layers, check_texts
 from normx.cli.options import add_model_flags, add_output_flags, layer_spec, write_text
 from normx.cli.options import texts as read_texts
 from normx.errors import InputWarning, InvalidInputError, NormxError
@@ -155,7 +156,11 @@ def _run(args) -> int:
     get_method(args.method)
     layer = layer_spec(args.layer)
     texts = read_texts(args.texts)
+    check_texts(texts)
+    if args.pair is not None:
+        check_texts([args.pair], "--pair text")
     _check_labels(args.model, [*(args.target or []), *([args.foil] if args.foil else [])])
+    check_layers(layer, args.model, args.gguf_file)
     from normx.cli.options import load
     from normx.explanations.explain import explain
 
@@ -185,10 +190,13 @@ def _attribute(args) -> int:
     from normx.bulk.attribute import attribute_dataset
     from normx.cli import flags as method_flags
     from normx.cli.options import load
+    from normx.data.rows import _pyarrow_parquet
     from normx.methods import get_method
 
     get_method(args.method)
     layer = layer_spec(args.layer)
+    _pyarrow_parquet()  # the shards are Parquet: a missing pyarrow is said before the model loads
+    check_layers(layer, args.model, args.gguf_file)
     model, tokenizer = load(args)
     local = os.environ.get("LOCAL_RANK")
     if local is not None:

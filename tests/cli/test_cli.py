@@ -191,3 +191,72 @@ def test_input_warnings_are_cli_lines(folder, capsys):
     err = capsys.readouterr().err
     assert "normx: warning: 1 piece(s) of the text are not in the tokenizer's vocabulary" in err
     assert "InputWarning" not in err
+
+
+@pytest.fixture
+def no_loading(monkeypatch):
+    """The model loader fails the test: an error that needs no model must come before it loads."""
+    from normx.cli import options
+
+    monkeypatch.setattr(options, "load", lambda *a, **k: pytest.fail("the model must not load"))
+
+
+@pytest.mark.parametrize("model", ["minilm-sst2", "smollm2", "folder"])
+def test_layer_out_of_range_is_reported_before_the_model_loads(folder, model, no_loading, capsys):
+    """The layer count is read from the model's config without its weights: a preset's base (config.json, or the
+    GGUF header of SmolLM2's file), a folder's config.json."""
+    name = folder if model == "folder" else model
+    layers = {"minilm-sst2": 6, "smollm2": 30, "folder": 6}[model]
+    assert main(["explain", "--model", name, "--layer", "99", "text"]) == 2
+    err = capsys.readouterr().err
+    assert f"normx: error: layer 99 is out of range: this model has {layers} layers" in err
+    assert main(["explain", "--model", name, "--layer", f"0,-{layers + 2}", "text"]) == 2
+    assert f"layer -{layers + 2} is out of range" in capsys.readouterr().err
+
+
+def test_layer_count_from_a_config_without_weights(tmp_path, folder):
+    from normx.cli.checks import layer_count
+
+    assert layer_count(folder) == 6
+    gpt2 = tmp_path / "gpt2"
+    gpt2.mkdir()
+    (gpt2 / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_layer": 3}))  # AutoConfig's map
+    assert layer_count(str(gpt2)) == 3
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": str(gpt2)}))
+    assert layer_count(str(adapter)) == 3
+    assert layer_count("someone/hub-model") is None  # read when it loads, as before
+
+
+def test_empty_texts_are_reported_in_the_users_words_before_the_model_loads(no_loading, capsys):
+    assert main(["explain", "--model", "minilm-sst2", ""]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("normx: error: the text is empty") and "texts[" not in err
+    assert main(["explain", "--model", "minilm-sst2", "a film", " \u200b "]) == 2
+    assert capsys.readouterr().err.startswith("normx: error: text 2 (of 2) is empty")
+    assert main(["explain", "--model", "minilm-qnli", "--pair", "", "a film"]) == 2
+    assert capsys.readouterr().err.startswith("normx: error: the --pair text is empty")
+    assert main(["generate", "--model", "smollm2", "  "]) == 2
+    assert capsys.readouterr().err.startswith("normx: error: the prompt is empty")
+    assert main(["generate", "--model", "smollm2", "--layer", "31", "x"]) == 2
+    assert "layer 31 is out of range: this model has 30 layers" in capsys.readouterr().err
+    assert main(["generate", "--model", "smollm2", "--max-new-tokens", "0", "x"]) == 2
+    assert "--max-new-tokens must be at least 1, got 0" in capsys.readouterr().err
+
+
+def test_a_missing_pyarrow_is_reported_before_the_model_loads(tmp_path, no_loading, monkeypatch, capsys):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def without_pyarrow(name, *args, **kwargs):
+        if name.split(".")[0] == "pyarrow":
+            raise ImportError("No module named 'pyarrow'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", without_pyarrow)
+    data = tmp_path / "rows.tsv"
+    data.write_text("sentence\tlabel\na film\t1\n")
+    assert main(["attribute", "--model", "minilm-sst2", "--data", str(data), "--out", str(tmp_path / "out")]) == 2
+    assert "normx: error: Parquet needs pyarrow" in capsys.readouterr().err
