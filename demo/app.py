@@ -21,7 +21,7 @@ except ImportError:  # a source checkout run as `python demo/app.py` without `pi
 import gradio as gr
 
 from normx.serving import server as serving
-from normx.serving import session, space, views
+from normx.serving import messages, session, space, views
 from normx.serving.lanes import WorkGate
 
 DEFAULT_MODEL = "minilm-sst2"
@@ -30,8 +30,13 @@ ERROR_SECONDS = 12  # an error message closes by itself: it never stays over the
 HIDDEN = {"value": None, "visible": False}
 
 
-def _guard(fn):
-    """Every handler: user errors become a message in the page (gr.Error), never a dead app."""
+def _guard(fn, locked: bool | None = None):
+    """Every handler: user errors become a message in the page (gr.Error), never a dead app; the message quotes at
+    most an excerpt of the input, and in locked mode (``locked``; default: the handler's demo's) a failure that is
+    not the visitor's is one generic sentence (:func:`normx.serving.messages.error_message`)."""
+    if locked is None:
+        locked = bool(getattr(getattr(getattr(fn, "__self__", None), "cache", None), "locked", False))
+
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
@@ -42,8 +47,8 @@ def _guard(fn):
             known = isinstance(exc, normx.NormxError)
             if not known:
                 serving.log.exception("demo handler failed")
-            message = views.page_message(str(exc) or type(exc).__name__) if known else f"{type(exc).__name__}: {exc}"
-            raise gr.Error(message, duration=ERROR_SECONDS, print_exception=not known) from None
+            raise gr.Error(messages.error_message(exc, locked), duration=ERROR_SECONDS, print_exception=False) \
+                from None
 
     return wrapper
 
@@ -83,7 +88,7 @@ class Demo:
         for warning in [*state.notices, *(first := state.steps[0]).warnings]:
             gr.Warning(warning)
         top, layered = max(first.layers), len(first.layers) > 1
-        slider = gr.update(maximum=max(top, 1), value=top, interactive=layered,
+        slider = gr.update(maximum=max(top, 1), value=top, interactive=layered, visible=True,
                            info=f"0 = embedding output … {top} = last block" if layered
                            else f"{method} has no per-layer scores (input embeddings only)")
         step_radio = gr.update(choices=views.step_choices(state, self._tokenizer(state)), value=0,
@@ -190,6 +195,7 @@ class Demo:
                                      elem_id="normx-probabilities")
                     with gr.Row():
                         layer = gr.Slider(0, 1, value=1, step=1, label="Layer", elem_id="normx-layer", scale=3,
+                                          visible=False,  # shown with the first answer, at its model's layers
                                           info="every layer comes from the same forward pass: moving this does "
                                                "not recompute")
                         unit = gr.Radio(["word", "subword"], value="word", label="Units", elem_id="normx-unit",

@@ -13,6 +13,11 @@ A method's scores read one of three ways (``Method.reading``, kept in an explana
   baselines, regression distances): one colour (:data:`AMOUNT`) from none at 0 to full at the largest.
 
 Rows are scaled over the units that are not special tokens ([CLS], [SEP], ...: they often dwarf the words).
+
+A contrast of two labels (every view draws it the same way: :func:`default_contrast`, :func:`contrast_title`) is
+``A − B`` with the predicted label first, signed, for every label-dependent method (a difference of two labels'
+magnitudes is signed too); label-independent scores have none. White-space units show as signs
+(:func:`visible_whitespace`).
 """
 
 from __future__ import annotations
@@ -25,6 +30,16 @@ import numpy as np
 
 READINGS = ("signed", "relative", "magnitude")
 TOWARD, AWAY, AMOUNT = (239, 68, 60), (128, 90, 213), (230, 150, 0)  # red, purple, amber
+READING_NOTES = {  # what a reading means, said once in each key (its colour swatch says what each colour stands for)
+    "signed": "signed (0: no effect)",
+    "relative": "relative scores (a logit times a norm, whose zero means nothing): compare tokens, not signs; the "
+                "contrast of two labels shows toward / away",
+    "magnitude": "magnitude (unsigned)",
+}
+# how a unit that is white space shows in a view: a line break or tab as a sign (never a real break); a token of only
+# spaces as middle dots
+WHITESPACE_SIGNS = {"\r\n": "⏎", "\n": "⏎", "\r": "⏎", "\t": "⇥"}
+SPACE_SIGN = "·"
 
 
 @dataclass(frozen=True)
@@ -63,14 +78,17 @@ class Scale:
         (r, g, b), alpha = found
         return f"rgba({r},{g},{b},{alpha:.3f})"
 
-    def legend(self) -> str:
-        """What the colours of a row on this scale mean (plain text)."""
+    def range_text(self) -> str:
+        """The scores drawn without colour and at full colour (plain text, numbers only)."""
         if self.reading == "signed":
-            return (f"red: pushes toward the label, purple: away from it; full colour at |score| = {self.high:.4g}")
+            return f"full colour at |score| = {self.high:.4g}"
         if self.reading == "relative":
-            return (f"darker = higher score, from {self.low:.4g} (no colour) to {self.high:.4g}; the score is a logit "
-                    "(times a norm): compare tokens, not signs — the contrast of two labels shows toward / away")
-        return f"magnitude (unsigned): darker = larger, full colour at {self.high:.4g}"
+            return f"from {self.low:.4g} (no colour) to {self.high:.4g} (full colour)"
+        return f"full colour at {self.high:.4g}"
+
+    def legend(self) -> str:
+        """What the colours of a row on this scale mean, said once (plain text): the reading's note and the range."""
+        return f"{READING_NOTES[self.reading]}; {self.range_text()}"
 
 
 def reading_of(explanation) -> str:
@@ -85,9 +103,54 @@ def reading_of(explanation) -> str:
     return "signed" if settings.get("foil") is not None else "relative"
 
 
-def contrast_reading(reading: str) -> str:
-    """The reading of a difference of two labels' scores: signed, unless the scores do not depend on the label."""
-    return "magnitude" if reading == "magnitude" else "signed"
+def label_dependent(explanation) -> bool:
+    """Whether the explanation's scores depend on the label (what its method said, kept in ``settings``; a
+    regression head's one output has no other label to compare with)."""
+    if getattr(explanation, "regression", False):
+        return False
+    settings = getattr(explanation, "settings", {}) or {}
+    return settings.get("label_dependent") is not False
+
+
+def contrast_reading(explanation) -> str | None:
+    """The reading of a difference of two labels' scores: signed (red toward the first label, purple toward the
+    second); None when there is no contrast (label-independent scores, a regression head)."""
+    return "signed" if label_dependent(explanation) else None
+
+
+def default_contrast(explanation, among: Sequence[str] | None = None) -> tuple[str | None, str | None]:
+    """The two labels every contrast view shows by default, in the one direction every view uses: the predicted
+    label first (label A), then the most probable other one (label B), among ``among`` (default: the labels with a
+    probability). ``(None, None)`` when there is no contrast."""
+    if not label_dependent(explanation):
+        return None, None
+    probabilities = getattr(explanation, "probabilities", {}) or {}
+    candidates = list(dict.fromkeys(among if among is not None else probabilities))
+    if len(candidates) < 2:
+        return None, None
+    prediction = getattr(explanation, "prediction", None)
+    ranked = sorted(candidates, key=lambda label: -probabilities.get(label, -1.0))  # stable: ties in given order
+    a = prediction if prediction in candidates else ranked[0]
+    return a, next(label for label in ranked if label != a)
+
+
+def contrast_title(a: str, b: str) -> str:
+    """How every contrast view names itself: ``contrast: A − B`` (label A is the predicted one by default)."""
+    return f"contrast: {a} − {b}"
+
+
+def contrast_sides(a: str, b: str) -> tuple[str, str]:
+    """What the two colours of a contrast ``A − B`` mean, as every key says it: (red, purple)."""
+    return f"toward {a} rather than {b}", f"toward {b} rather than {a}"
+
+
+def visible_whitespace(text: str) -> str:
+    """A unit's text as a view shows it: line breaks and tabs as signs (⏎, ⇥; never a real break), and a unit of
+    only spaces as middle dots, so that a white-space token is a visible cell or span."""
+    blank = bool(text) and not text.strip()
+    for sign, shown in WHITESPACE_SIGNS.items():
+        text = text.replace(sign, shown)
+    return "".join(SPACE_SIGN if ch.isspace() else ch for ch in text) if blank else text
 
 
 def _kept(view, rows: Sequence[np.ndarray]) -> np.ndarray:

@@ -14,21 +14,35 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from normx.explanations.display import AMOUNT, AWAY, TOWARD, Scale, contrast_reading, reading_of, scale_for
+from normx.explanations.display import (
+    AMOUNT,
+    AWAY,
+    READING_NOTES,
+    TOWARD,
+    Scale,
+    contrast_reading,
+    contrast_sides,
+    contrast_title,
+    default_contrast,
+    reading_of,
+    scale_for,
+    visible_whitespace,
+)
 
 POSITIVE, NEGATIVE = TOWARD, AWAY  # (the names the report page reads)
 _BOX = ("font-family:system-ui,-apple-system,'Segoe UI',sans-serif;font-size:14px;line-height:1.9;"
         "margin:6px 0;color:#111")
-_TITLE = "font-size:12px;color:#555;margin-top:4px"
+_TITLE = "font-size:13px;color:#333;margin-top:4px"
 
 
 def span(text: str, value: float, scale: Scale, special: bool = False, tip: str = "") -> str:
     """One unit as a span coloured by ``value`` on ``scale``, ``tip`` as its tooltip (special tokens small and
-    dashed)."""
+    dashed; a white-space unit as visible signs: :func:`~normx.explanations.display.visible_whitespace`)."""
     style = f"background:{scale.css(value)};border-radius:3px;padding:1px 1px"
     if special:
         style += ";font-size:11px;color:#666;border:1px dashed #bbb"
-    return f'<span class="normx-unit" style="{style}" title="{html.escape(tip)}">{html.escape(text)}</span>'
+    shown = html.escape(visible_whitespace(text))
+    return f'<span class="normx-unit" style="{style}" title="{html.escape(tip)}">{shown}</span>'
 
 
 def highlighted(view, row: np.ndarray, scale: Scale | None = None) -> str:
@@ -53,25 +67,22 @@ def highlighted(view, row: np.ndarray, scale: Scale | None = None) -> str:
     return "".join(out)
 
 
-def swatch(reading: str) -> str:
-    """The colour key of a reading: the two colours of a signed scale, the one colour of the others."""
+def swatch(reading: str, sides: tuple[str, str] | None = None) -> str:
+    """The colour key of a reading: the two colours of a signed scale (``sides``: what red and purple stand for, a
+    contrast's :func:`~normx.explanations.display.contrast_sides`), the one colour of the others."""
     def box(rgb) -> str:
         return f'<span style="background:rgba({rgb[0]},{rgb[1]},{rgb[2]},0.85);padding:0 6px">&nbsp;</span>'
     if reading == "signed":
-        return f"{box(TOWARD)} toward the label &nbsp; {box(AWAY)} away from it"
-    return f"{box(AMOUNT)} " + ("higher score (relative: compare tokens, not signs)" if reading == "relative"
-                                else "larger magnitude (unsigned)")
+        toward, away = sides or ("toward the label", "away from it")
+        return f"{box(TOWARD)} {html.escape(toward)} &nbsp; {box(AWAY)} {html.escape(away)}"
+    return f"{box(AMOUNT)} " + ("darker = higher score" if reading == "relative" else "darker = larger")
 
 
 def legend(reading: str = "signed") -> str:
-    """The colour key under a group of views: what the colours mean for this reading; every view's own scale is in
-    its title; hovering a unit shows its score."""
-    meaning = {"signed": "each view at full colour at its own largest |score|",
-               "relative": "each view from its lowest score (no colour) to its highest (full colour); the scores are "
-                           "a logit times a norm, so their zero means nothing: compare tokens, and read the "
-                           "contrast of two labels for toward / away",
-               "magnitude": "each view at full colour at its own largest score"}[reading]
-    return f'<div style="{_TITLE}">{swatch(reading)} &nbsp; {meaning}; hover a unit for its score</div>'
+    """The colour key under a group of views: what the colours mean for this reading, said once; every view's own
+    range is in its title; hovering a unit shows its score."""
+    return (f'<div style="{_TITLE}">{swatch(reading)} &nbsp; {html.escape(READING_NOTES[reading])}; each view on '
+            "its own range (in its title); hover a unit for its score</div>")
 
 
 def _heading(e) -> str:
@@ -84,25 +95,29 @@ def _heading(e) -> str:
             f"{e.unit}s</div>")
 
 
-def _view(title: str, view, row: np.ndarray, reading: str | None = None, scale: Scale | None = None) -> str:
+def _view(title: str, view, row: np.ndarray, reading: str | None = None, scale: Scale | None = None,
+          key: str = "") -> str:
     scale = scale or scale_for(view, [row], reading)
-    return (f'<div style="{_TITLE}">{html.escape(title)} <span style="color:#999">({html.escape(scale.legend())})'
-            f'</span></div><div class="normx-view">{highlighted(view, row, scale)}</div>')
+    return (f'<div style="{_TITLE}">{html.escape(title)} <span style="color:#555">({html.escape(scale.range_text())})'
+            f'</span>{key}</div><div class="normx-view">{highlighted(view, row, scale)}</div>')
 
 
 def explanation_html(e, layer: int | None = None, words: bool = True) -> str:
     """One explanation: the heading, a view per label at ``layer`` (default: the last computed), the contrast of
-    the first two labels, and (collapsed) the word view and every layer of the first label."""
+    the predicted label and the most probable other one (``A − B``, as every view draws it:
+    :func:`~normx.explanations.display.default_contrast`), and (collapsed) the word view and every layer of the first
+    label."""
     j = e.layer_index(layer)
     reading = reading_of(e)
     parts = [_heading(e)]
     shared = scale_for(e, [e.scores[k, j] for k in range(len(e.labels))], reading)  # the labels on one scale
     for k, label in enumerate(e.labels):
         parts.append(_view(f"label {label} · layer {e.layers[j]}", e, e.scores[k, j], scale=shared))
-    if len(e.labels) > 1 and not e.regression and reading != "magnitude":
-        parts.append(_view(f"contrast: {e.labels[0]} − {e.labels[1]} · layer {e.layers[j]} (toward "
-                           f"{e.labels[0]} rather than {e.labels[1]})", e, e.scores[0, j] - e.scores[1, j],
-                           contrast_reading(reading)))
+    a, b = default_contrast(e, e.labels)
+    if a is not None:
+        row = e.scores[e.labels.index(a), j] - e.scores[e.labels.index(b), j]
+        parts.append(_view(f"{contrast_title(a, b)} · layer {e.layers[j]}", e, row, contrast_reading(e),
+                           key=f" &nbsp; {swatch('signed', contrast_sides(a, b))}"))
     if words and e.unit == "token":
         w = e.words()
         parts.append(_details("words (sum of their tokens)", _view(f"label {w.labels[0]} · layer {w.layers[j]}", w,
@@ -128,12 +143,13 @@ def generation_html(g) -> str:
     """A generation (:class:`~normx.explanations.generation_result.Generation`): the prompt and the continuation,
     then a matrix with one row per generated token and one column per token of the sequence, each row on its own
     scale (:func:`~normx.explanations.display.scale_for`; the row of the token at index p has p cells)."""
+    prompt = g.text[:g.offsets[g.prompt_length][0]] if g.steps else g.text
     head = (f'<div style="{_TITLE}">{html.escape(g.method)} · layer {g.layers[-1]} · {g.steps} generated tokens'
-            f'</div><div>{html.escape(g.text[:g.offsets[g.prompt_length][0]] if g.steps else g.text)}'
-            f'<b style="background:#eef">{html.escape(g.continuation)}</b></div>')
+            f'</div><div>{html.escape(visible_whitespace(prompt))}'
+            f'<b style="background:#eef">{html.escape(visible_whitespace(g.continuation))}</b></div>')
     reading = reading_of(g)
     cell = "padding:2px 4px;font-size:11px;white-space:pre;border:1px solid #eee"
-    texts = g.texts  # tokens as the text they stand for
+    texts = [visible_whitespace(t) for t in g.texts]  # tokens as the text they stand for, white space visible
     header = "".join(f'<th style="{cell};font-weight:400;color:#555">{html.escape(t)}</th>' for t in texts[:-1])
     rows = []
     for t, p in enumerate(g.generated):

@@ -60,6 +60,16 @@ def _lane_thread(torch_threads: int | None, nice: int) -> None:
         log.info("the expensive lane runs at normal priority (per-thread nice values need Linux)")
 
 
+def cost_and_budget(gflop: float, budget: float) -> tuple[str, str]:
+    """A cost over the budget and the budget as a refusal prints them: with thousands separators and the fewest
+    decimals that show the cost above the budget (2,340 vs 1,500; 1,500.3 vs 1,500.0, never 1,500 vs 1,500)."""
+    for decimals in range(0, 12):
+        need, allowed = f"{gflop:,.{decimals}f}", f"{budget:,.{decimals}f}"
+        if float(need.replace(",", "")) > float(allowed.replace(",", "")):
+            return need, allowed
+    return f"{gflop!r}", f"{budget!r}"
+
+
 class WorkGate:
     """A per-request work budget and two lanes: cheap requests run at once; expensive ones (over ``cheap_gflop``,
     or ``heavy=True``) in the expensive lane, at most ``heavy_slots`` at a time, with ``heavy_threads`` torch threads
@@ -84,11 +94,12 @@ class WorkGate:
                                         initargs=(heavy_threads, heavy_nice))
 
     def check(self, gflop: float, what: str) -> None:
+        """Refuse ``gflop`` over the budget, saying the request's cost and the budget (:func:`cost_and_budget`)."""
         if gflop > self.budget_gflop:
+            need, allowed = cost_and_budget(gflop, self.budget_gflop)
             raise WorkBudgetError(
-                f"{what} needs about {gflop:,.3g} GFLOP, {gflop / self.budget_gflop:.1f}x the "
-                f"{self.budget_gflop:,.4g} GFLOP this server allows per request: shorten the text, ask for fewer "
-                "steps or labels, or choose a one-pass method (normxlogit, logat)")
+                f"{what} needs about {need} GFLOP; this server allows {allowed} GFLOP per request: shorten the "
+                "text, ask for fewer steps or labels, or choose a one-pass method (normxlogit, logat)")
 
     def run(self, gflop: float, fn: Callable[[], T], what: str = "this request", *, heavy: bool = False) -> T:
         """``heavy``: the expensive lane whatever the estimate (every method that is not one forward pass)."""

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 
 from normx import errors
 from normx.models.tasks import TASKS
+from normx.serving.messages import excerpt
 
 log = logging.getLogger("normx.demo")
 
@@ -96,7 +97,8 @@ def allowed_models(models: Sequence[str] | None = None) -> list[str]:
 class ModelCache:
     """``(model, tokenizer)`` per model name, loaded once with ``loader`` (``normx.load_model``) and kept.
 
-    In locked mode only names in ``allowed`` load. At most ``max_models`` stay loaded (least recently used goes
+    In locked mode only names in ``allowed`` load, and a failed load says only that it failed (its details go to
+    the log). At most ``max_models`` stay loaded (least recently used goes
     first). Failures are not cached: a fixed folder loads on retry. Loads of different models run in parallel;
     two requests for the same model wait for one load.
     """
@@ -135,14 +137,17 @@ class ModelCache:
             self._models[name] = (model, tokenizer)
 
     def check(self, name: str) -> str:
+        """``name`` stripped, or the refusal: in locked mode one sentence for every name off the allow-list, the
+        same whatever it names (a folder, a file, nothing), so that it tells nothing of the server's disk."""
         if name is not None and not isinstance(name, str):
-            raise errors.InvalidInputError(f"the model must be a name (a string), got {name!r}")
+            raise errors.InvalidInputError(f"the model must be a name (a string), got {excerpt(name)}")
         name = (name or "").strip()
         if not name:
-            raise errors.ModelLoadError("no model chosen: pick a preset or give a model folder")
+            raise errors.ModelLoadError("no model chosen: pick a preset" + ("" if self.locked else
+                                                                           " or give a model folder"))
         if self.locked and name not in self.allowed and name not in self._models:
-            raise errors.ModelLoadError(f"model {name!r} is not available in this demo; choose one of: "
-                                       f"{', '.join(self.allowed)}")
+            raise errors.ModelLoadError(f"this demo serves only its own models ({', '.join(self.allowed)}); it "
+                                        "loads no other name, folder or file")
         return name
 
     def get(self, name: str):
@@ -157,7 +162,14 @@ class ModelCache:
                 if name in self._models:  # loaded by the request we waited for
                     return self._models[name]
             log.info("loading model %s", name)
-            loaded = self.loader(name) if self.loader is not None else _load_model(name, self.task)
+            try:
+                loaded = self.loader(name) if self.loader is not None else _load_model(name, self.task)
+            except Exception as exc:
+                if not self.locked:
+                    raise
+                log.exception("could not load %s", name)  # the details (paths, versions) stay in the log
+                raise errors.ModelLoadError(f"model {excerpt(name)} could not be loaded on this server (the "
+                                            "details are in its log)") from exc
             with self._lock:
                 self._models[name] = loaded
                 self.loads[name] = self.loads.get(name, 0) + 1

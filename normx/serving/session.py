@@ -30,6 +30,7 @@ from normx.models import HeadKind, get_adapter, unwrap_model
 from normx.serving.batching import Batcher
 from normx.serving.budget import estimate_gflop
 from normx.serving.lanes import WorkGate
+from normx.serving.messages import excerpt
 
 MAX_CHARS = 2000  # per text box
 # rows per forward pass of the methods that run all their rows at once by default (Integrated Gradients' steps):
@@ -57,7 +58,8 @@ class PageState:
     compare: dict[int, dict[str, Explanation]] = field(default_factory=dict)  # step -> method -> explanation
     contrast: dict[tuple[int, str, str], Explanation] = field(default_factory=dict)  # (step, a, b) -> explanation
     notices: list[str] = field(default_factory=list)  # what the page must say it did (a text cut to the limit)
-    seconds: float | None = None  # how long the answer took (set by the page)
+    seconds: float | None = None  # how long computing the answer took
+    cached: bool = False  # answered from the server's ResultCache (``seconds``: the first computation's)
 
 
 class ResultCache:
@@ -99,7 +101,7 @@ def check_inputs(text: str, pair: str | None, tokenizer, limit: int = MAX_TOKENS
     :class:`normx.InvalidInputError` for what cannot be explained."""
     for name, value in (("text", text), ("second text", pair)):
         if value is not None and not isinstance(value, str):
-            raise errors.InvalidInputError(f"the {name} must be a string, got {type(value).__name__} {value!r}")
+            raise errors.InvalidInputError(f"the {name} must be a string, got {type(value).__name__} {excerpt(value)}")
     text = text or ""
     pair = (pair or "").strip() or None
     notices = []
@@ -188,15 +190,16 @@ def explain_request(cache, model_name: str, text: str, pair: str | None = None,
     requests of classifiers and masked LMs are explained in batches with the requests that arrive with them
     (:class:`normx.serving.batching.Batcher`); ``results``: the same request again is answered from there.
     ``loading(0, desc=...)`` (a page's progress bar) is told when the model has to be loaded first. The state says
-    how long the request took (``seconds``) and what was cut (``notices``).
+    how long the request took (``seconds``; an answer from ``results`` is marked ``cached`` and keeps the first
+    computation's time) and what was cut (``notices``).
     """
     started = time.perf_counter()
     if method not in list_methods():
-        raise errors.UnknownMethodError(f"unknown method {method!r}; available: {', '.join(list_methods())}")
+        raise errors.UnknownMethodError(f"unknown method {excerpt(method)}; available: {', '.join(list_methods())}")
     if steps is not None and (isinstance(steps, bool) or not isinstance(steps, numbers.Real)
                               or not 1 <= steps <= MAX_CONTINUATION):
         raise errors.InvalidInputError(f"steps (tokens to generate) must be a number from 1 to {MAX_CONTINUATION}, "
-                                       f"got {steps!r}")
+                                       f"got {excerpt(steps)}")
     if loading is not None and isinstance(model_name, str) and cache.peek(model_name) is None:
         loading(0, desc=f"loading {model_name} (first use: this can take a minute)")
     model, tokenizer = cache.get(model_name)
@@ -207,13 +210,13 @@ def explain_request(cache, model_name: str, text: str, pair: str | None = None,
     key = (model_name, text, pair, method, int(steps or 1))
     found = None if results is None else results.get(key)
     if found is not None:
-        found.seconds = time.perf_counter() - started
+        found.cached = True
         return found
     state = _compute(model, tokenizer, model_name, text, pair, tokens, method, steps, gate, batcher)
     state.notices = notices
+    state.seconds = time.perf_counter() - started
     if results is not None:
         results.put(key, state)
-    state.seconds = time.perf_counter() - started
     return state
 
 

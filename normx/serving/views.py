@@ -18,18 +18,20 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from normx.errors import InvalidInputError
-from normx.explanations.display import Scale, contrast_reading, reading_of, scale_for
+from normx.explanations import display
+from normx.explanations.display import Scale, contrast_sides, contrast_title, label_dependent, scale_for
 from normx.explanations.html import span, swatch
 from normx.explanations.result import Explanation
 from normx.methods import get_method
 from normx.models import HeadKind
+from normx.serving.messages import excerpt
 from normx.serving.session import PageState
 
-PAGE_CSS = (  # the demo page's styles of its views
+PAGE_CSS = (  # the demo page's styles of its views: titles and keys in the body's colour (readable in both themes)
     "#normx-prediction {font-size: 1.1em}\n.normx-view {font-size: 1.05em; line-height: 1.9}\n"
     ".normx-compare {margin: 6px 0 16px} .normx-compare .normx-view {line-height: 2.1}\n"
-    ".normx-title {font-size: 0.85em; color: var(--body-text-color-subdued); margin-top: 4px}\n"
-    ".normx-key {font-size: 0.75em; color: var(--body-text-color-subdued)}\n"
+    ".normx-title {font-size: 0.95em; font-weight: 600; color: var(--body-text-color); margin-top: 4px}\n"
+    ".normx-key {font-size: 0.85em; color: var(--body-text-color); margin-bottom: 2px}\n"
     ".normx-unit {border-radius: 3px; padding: 1px 1px}\n")
 MAX_LABEL_VIEWS = 4  # highlighted views per request; models with more labels show the most probable ones
 LEGEND = (
@@ -49,8 +51,10 @@ class View:
     title: str
     pieces: Highlighted
     scale: Scale
+    sides: tuple[str, str] | None = None  # a contrast's (red, purple) meanings (display.contrast_sides)
 
 UNITS = ("word", "subword")
+PROMPT_CHARS = 240  # a causal LM's prompt in the heading: start and end around an ellipsis when longer
 COMPARE_HINT = "Tick methods and press Compare: each one runs once on this input and is kept for every layer."
 
 
@@ -138,15 +142,12 @@ def bold(text: str) -> str:
     return f"{text[:start]}**{core}**{text[start + len(core):]}"
 
 
-_API_WORDS = (("with text_pair= (CLI: --pair)", "in the Second text box"),
-              ("pass truncation='warn' to truncate it", "it is cut to the limit when over it"))
-
-
-def page_message(message: str) -> str:
-    """An error message in the page's words (the library's name its own arguments)."""
-    for api, page in _API_WORDS:
-        message = message.replace(api, page)
-    return message
+def shortened(text: str, limit: int = PROMPT_CHARS) -> str:
+    """``text`` whole when at most ``limit`` characters, else its start and its end around an ellipsis."""
+    if len(text) <= limit:
+        return text
+    tail = limit // 3
+    return f"{text[:limit - tail]} … {text[-tail:]}"
 
 
 def prediction_text(explanation: Explanation, tokenizer=None) -> str:
@@ -200,19 +201,20 @@ def label_views(explanation: Explanation, layer: int | None, unit: str = "word",
 def contrast_view(explanation: Explanation, a: str, b: str, layer: int | None, unit: str = "word",
                   show_special: bool = False, tokenizer=None) -> View:
     """``score(a) − score(b)`` at ``layer``: what pushes toward ``a`` rather than ``b`` (red) and the reverse
-    (purple), on a signed scale.
+    (purple), on a signed scale; titled and keyed as every contrast view is (``A − B``:
+    :func:`normx.explanations.display.contrast_title`).
 
     For the linear methods (normxlogit, logat, gradients) this equals ``normx.explain(..., target=a, foil=b)``.
     """
     view = unit_view(explanation, unit, show_special)
     at = nearest_layer(view, layer)
     row = view.token_scores(a, at) - view.token_scores(b, at)
-    scale = scale_for(view, [row], contrast_reading(reading_of(view)))
+    scale = scale_for(view, [row], "signed")
     vocab = view.vocabulary and tokenizer is not None
     name_a = display_token(tokenizer, a) if vocab else a
     name_b = display_token(tokenizer, b) if vocab else b
-    return View(f"{name_a} vs {name_b} (red: toward {name_a}, purple: toward {name_b}) · layer {at}",
-                highlights(view, row), scale)
+    return View(f"{contrast_title(name_a, name_b)} · {view.method} · layer {at}", highlights(view, row), scale,
+                contrast_sides(name_a, name_b))
 
 
 def step_choices(state: PageState, tokenizer=None) -> list[tuple[str, int]]:
@@ -236,12 +238,9 @@ def contrast_choices(explanation: Explanation, tokenizer=None) -> list[tuple[str
 
 
 def default_contrast(explanation: Explanation) -> tuple[str | None, str | None]:
-    """The predicted label against the most probable other one."""
-    if explanation.regression or len(explanation.probabilities) < 2:
-        return None, None
-    others = sorted((k for k in explanation.probabilities if k != explanation.prediction),
-                    key=lambda k: -explanation.probabilities[k])
-    return explanation.prediction, others[0]
+    """The predicted label (A) against the most probable other one (B) among the labels and top tokens with a
+    probability, as every contrast view orders them (:func:`normx.explanations.display.default_contrast`)."""
+    return display.default_contrast(explanation)
 
 
 def compare_views(state: PageState | None, methods: Sequence[str], layer: int | None, unit: str = "word",
@@ -275,7 +274,7 @@ def view_html(view: View | None, kind: str = "normx-view") -> str:
     spans = "".join(html.escape(text) if score is None else span(text, score, view.scale, tip=f"{score:+.4g}")
                     for text, score in view.pieces)
     return (f'<div class="normx-title">{html.escape(view.title)}</div><div class="normx-key">'
-            f"{swatch(view.scale.reading)} · {html.escape(view.scale.legend())}</div>"
+            f"{swatch(view.scale.reading, view.sides)} · {html.escape(view.scale.legend())}</div>"
             f'<div class="{kind}">{spans}</div>')
 
 
@@ -294,15 +293,15 @@ def check_view_settings(layer, unit, show_special, step, compare_methods, method
     for name, value in (("layer", layer), ("step", step)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real) or value < 0
                                   or not math.isfinite(value)):
-            raise InvalidInputError(f"{name} must be a number >= 0, got {value!r}")
+            raise InvalidInputError(f"{name} must be a number >= 0, got {excerpt(value)}")
     if unit not in UNITS:
-        raise InvalidInputError(f"unit must be one of {', '.join(UNITS)}, got {unit!r}")
+        raise InvalidInputError(f"unit must be one of {', '.join(UNITS)}, got {excerpt(unit)}")
     if not isinstance(show_special, bool):
-        raise InvalidInputError(f"show_special must be true or false, got {show_special!r}")
+        raise InvalidInputError(f"show_special must be true or false, got {excerpt(show_special)}")
     if compare_methods is not None and (not isinstance(compare_methods, (list, tuple))
                                         or any(m not in methods for m in compare_methods)):
         raise InvalidInputError(f"compare_methods must be a list of methods from {', '.join(methods)}, "
-                                f"got {compare_methods!r}")
+                                f"got {excerpt(compare_methods)}")
 
 
 def check_contrast(state: PageState, step: int, a, b, tokenizer=None) -> None:
@@ -311,7 +310,7 @@ def check_contrast(state: PageState, step: int, a, b, tokenizer=None) -> None:
     allowed = [value for _, value in contrast_choices(state.steps[min(step, len(state.steps) - 1)], tokenizer)]
     for name, value in (("label A", a), ("label B", b)):
         if value not in (None, "") and value not in allowed:
-            raise InvalidInputError(f"{name} must be one of {', '.join(map(str, allowed))}, got {value!r}")
+            raise InvalidInputError(f"{name} must be one of {', '.join(map(str, allowed))}, got {excerpt(value)}")
 
 
 @dataclass
@@ -325,6 +324,31 @@ class PageView:
     compared: dict[str, View] = field(default_factory=dict)  # method -> view
 
 
+def heading_text(state: PageState, step: int, tokenizer=None) -> str:
+    """The Markdown over the views: the prediction; a causal LM's prompt (once, :func:`shortened` when long) with its
+    continuation and the step's place in it; how the answer came (computed, in how long, or from the cache); the
+    notices of what was cut."""
+    explanation = state.steps[step]
+    heading = prediction_text(explanation, tokenizer)
+    if state.kind is HeadKind.CAUSAL_LM:
+        prompt = state.generation.prompt if state.generation is not None else state.prefixes[0]
+        generated = explanation.labels[0]
+        generated = display_token(tokenizer, generated) if tokenizer is not None else generated
+        prefix = state.prefixes[step]
+        before = prefix[len(prompt):] if prefix.startswith(prompt) else None
+        after = ("the prompt" if before == "" else f"the prompt and “{markdown_text(shortened(before, 80))}”"
+                 if before is not None else f"“{markdown_text(shortened(prefix, 80))}”")
+        heading = (f"**Greedy continuation:** {markdown_text(shortened(prompt))}"
+                   f"{bold(markdown_text(state.continuation or ''))}  \n"
+                   f"Step {step + 1} of {len(state.steps)}: why {markdown_text(generated)} after {after} — {heading}")
+    if state.cached:
+        took = "" if state.seconds is None else f", first computed in {state.seconds:.2f} s"
+        heading += f"  \n*answered from this server's cache (the same request was explained before{took})*"
+    elif state.seconds is not None:
+        heading += f"  \n*answered in {state.seconds:.2f} s*"
+    return heading + "".join(f"  \n⚠ {markdown_text(notice)}" for notice in state.notices)
+
+
 def page_view(state: PageState | None, tokenizer, layer: int | None, unit: str = "word", show_special: bool = False,
               step: int = 0, a: str | None = None, b: str | None = None,
               compare_methods: Sequence[str] = ()) -> PageView:
@@ -335,20 +359,10 @@ def page_view(state: PageState | None, tokenizer, layer: int | None, unit: str =
     step = min(int(step or 0), len(state.steps) - 1)
     layer = None if layer is None else int(layer)
     explanation = state.steps[step]
-    heading = prediction_text(explanation, tokenizer)
-    if state.kind is HeadKind.CAUSAL_LM:
-        prompt = state.generation.prompt if state.generation is not None else state.prefixes[0]
-        generated = state.steps[step].labels[0]
-        generated = display_token(tokenizer, generated) if tokenizer is not None else generated
-        heading = (f"**Greedy continuation:** {markdown_text(prompt)}{bold(markdown_text(state.continuation))}  \n"
-                   f"Step {step + 1} of {len(state.steps)}: why “{markdown_text(generated)}” after "
-                   f"“{markdown_text(state.prefixes[step])}” — {heading}")
-    if state.seconds is not None:
-        heading += f"  \n*answered in {state.seconds:.2f} s*"
-    heading += "".join(f"  \n⚠ {markdown_text(notice)}" for notice in state.notices)
+    heading = heading_text(state, step, tokenizer)
     if explanation.regression:
         contrast = View("No contrast: a regression head has one output", [], Scale())
-    elif reading_of(explanation) == "magnitude":
+    elif not label_dependent(explanation):
         contrast = View(f"No contrast: {explanation.method}'s scores do not depend on the label", [], Scale())
     else:
         contrast = View("contrast: pick two different labels", [], Scale())

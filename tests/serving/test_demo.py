@@ -22,6 +22,7 @@ import torch  # noqa: E402
 from demo_support import load_app, preset_ready, serve  # noqa: E402
 
 import normx  # noqa: E402
+from normx.explanations.display import visible_whitespace  # noqa: E402
 from normx.serving import server as serving  # noqa: E402
 from normx.serving import session, views  # noqa: E402
 
@@ -136,7 +137,7 @@ def test_label_views_share_one_scale_and_contrast_matches_foil(cache, folder):
     contrast = views.contrast_view(e, "positive", "negative", 3, "subword")
     foil = normx.explain(model, tokenizer, TEXT, target="positive", foil="negative", layer=3).without_special()
     assert np.allclose([s for _, s in scored(contrast.pieces)], foil.score, rtol=1e-4, atol=1e-4)
-    assert contrast.title.startswith("positive vs negative") and contrast.scale.reading == "signed"
+    assert contrast.title.startswith("contrast: positive − negative") and contrast.scale.reading == "signed"
     assert contrast.scale.high == pytest.approx(np.abs(foil.score).max(), rel=1e-4)
 
 
@@ -202,7 +203,7 @@ def test_explain_then_slider_and_toggles_rerender_without_explaining(cache, fold
     assert values(prediction).startswith("**Prediction:**")
     assert set(values(probs)) == {"negative", "positive"}
     assert label0["visible"] and label1["visible"] and not label2["visible"] and not label3["visible"]
-    assert text_of(label0) == TEXT and "positive vs negative" in title_of(contrast)
+    assert text_of(label0) == TEXT and "contrast: positive − negative" in title_of(contrast)
     renders = {}
     for layer in (0, 3, 6):
         for unit in ("word", "subword"):
@@ -325,11 +326,14 @@ def test_causal_lm_continuation(cache, calls, monkeypatch):
             np.testing.assert_allclose(explanation.scores, alone.scores, rtol=1e-4, atol=1e-5)
     assert step["visible"] and [value for _, value in step["choices"]] == [0, 1, 2]
     assert "Greedy continuation" in values(out[5]) and out[6]["visible"]
-    assert " vs " in title_of(out[11])  # contrast of two vocabulary tokens
+    assert title_of(out[11]).startswith("contrast: ") and " − " in title_of(out[11])  # two vocabulary tokens
     made = generations["n"]
     rendered = demo.on_step(state, 2, "subword", False, 2, [])  # picking a step re-renders from the state
     assert generations["n"] == made + 2 and "Step 3 of 3" in values(rendered[3])
-    assert state.prefixes[2].endswith(text_of(rendered[5]))  # the prefix's text (<s> is not shown)
+    # the prefix's text (<s> is not shown; a white-space unit as its visible sign)
+    assert "".join(visible_whitespace(t) for t, _ in views.highlights(
+        state.steps[2].without_special(), state.steps[2].without_special().score)) == text_of(rendered[5])
+    assert state.prefixes[2].startswith(state.steps[2].text) or state.prefixes[2] == state.steps[2].text
     demo.render(state, 0, "word", False, 2, None, None, [])
     assert generations["n"] == made + 2 and calls["n"] == 0
 
@@ -391,7 +395,7 @@ def test_locked_mode(folder, monkeypatch):
     assert serving.is_locked()  # on Spaces by default
 
     cache = serving.ModelCache(locked=True, allowed=["minilm-sst2"])
-    with pytest.raises(normx.ModelLoadError, match="not available"):
+    with pytest.raises(normx.ModelLoadError, match="serves only its own models"):
         cache.get(folder)
     blocks = app.build_demo(locked=True, models=["minilm-sst2"])
     picker = [b for b in blocks.blocks.values() if isinstance(b, gr.Dropdown) and b.label == "Model"][0]
