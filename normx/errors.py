@@ -65,3 +65,7 @@ class WorkBudgetError(InvalidInputError):
 class InputWarning(UserWarning):
     """Something normx did to an input that changes what is explained, said where Python users look (besides the
     result's ``warnings``): a text truncated to the model's limit, characters the tokenizer does not know."""
+
+
+class CacheWarning(UserWarning):
+    """Something wrong found in normx's cache and repaired: a damaged cache entry converted again from its file."""

@@ -197,6 +197,11 @@ def _attribute(args) -> int:
     layer = layer_spec(args.layer)
     _pyarrow_parquet()  # the shards are Parquet: a missing pyarrow is said before the model loads
     check_layers(layer, args.model, args.gguf_file)
+    from normx.bulk.manifest import check_run
+
+    check_run(args.data, args.out, method=args.method, target=_target(args.target), layer=layer,  # before the model
+              text_column=args.text_column, pair_column=args.pair_column, limit=args.limit, shard_size=args.shard_size,
+              max_tokens=args.max_tokens, batch_size=args.batch_size, **method_flags.given_options(args))
     model, tokenizer = load(args)
     local = os.environ.get("LOCAL_RANK")
     if local is not None:

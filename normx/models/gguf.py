@@ -6,37 +6,42 @@ file as a causal LM (what a GGUF holds) unless told another task, rebuilds a pla
 keeps that model and its tokenizer in the cache under the file's content hash: one copy per file, however many
 times a package holding it is installed, and every later load is a plain ``from_pretrained`` of that folder.
 
-The cache folder is ``$NORMX_CACHE``, else ``$XDG_CACHE_HOME/normx``, else ``~/.cache/normx``; ``normx cache``
-lists and clears it (:func:`cache_entries`, :func:`clear_cache`).
+The file's header is checked first (:func:`normx.models.gguf_header.read_header`): a truncated or corrupted file is
+a :class:`~normx.errors.ModelLoadError` saying what is wrong, as is any file transformers cannot convert. A cache
+entry is written whole and proved against its manifest when read (:mod:`normx.models.gguf_cache`); a damaged
+entry is converted again from the GGUF file, with a :class:`~normx.errors.CacheWarning` saying so.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
-import json
-import os
-import shutil
-import tempfile
-import time
+import sys
+import threading
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
-from normx.errors import ModelLoadError
+from normx.errors import CacheWarning, ModelLoadError
+from normx.models.gguf_cache import (
+    CLEAR_HINT,
+    cache_entries,
+    cache_root,
+    clear_cache,
+    entry_folder,
+    entry_problem,
+    write_entry,
+)
+from normx.models.gguf_header import read_header
+
+__all__ = ["cache_entries", "cache_root", "clear_cache", "converted_folder", "file_digest", "gguf_file",
+           "load_gguf"]
 
 SUFFIX = ".gguf"
 GGUF_PIP = "pip install gguf"
-INFO = "normx-gguf.json"  # what a cache entry was made from (written last: an entry without it is incomplete)
 _CHUNK = 1 << 22
-
-
-def cache_root() -> Path:
-    """Where normx keeps what it builds once: ``$NORMX_CACHE``, else ``$XDG_CACHE_HOME/normx``, else
-    ``~/.cache/normx``."""
-    given = os.environ.get("NORMX_CACHE")
-    if given:
-        return Path(given).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "normx"
+_progress_lock = threading.Lock()
 
 
 def gguf_file(source: str | Path) -> Path | None:
@@ -74,30 +79,54 @@ def load_gguf(file: Path, *, task: str | None = None, tasks: dict[str, str], dty
     folder = converted_folder(file, task=task, tasks=tasks, notify=notify)
     cls = getattr(transformers, tasks[task])
     kwargs = {} if dtype is None else {"dtype": dtype}
-    model = cls.from_pretrained(folder, trust_remote_code=False, **kwargs)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
-    return model, tokenizer
+    for attempt in range(2):
+        try:
+            model = cls.from_pretrained(folder, trust_remote_code=False, **kwargs)
+            tokenizer = transformers.AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
+            return model, tokenizer
+        except (OSError, ValueError, KeyError, RuntimeError) as exc:
+            problem = entry_problem(folder, hashes=True)
+            if attempt or problem is None:  # a whole entry transformers cannot read: nothing to rebuild
+                raise ModelLoadError(f"could not load the cache entry {folder} of {file}: {exc}; {CLEAR_HINT}") \
+                    from exc
+            folder = converted_folder(file, task=task, tasks=tasks, notify=notify)  # replaced meanwhile, or damaged
+    raise AssertionError("unreachable")
 
 
 def converted_folder(file: Path, *, task: str = "causal-lm", tasks: dict[str, str],
                      notify: Callable[[str], None] | None = None) -> Path:
-    """The cache folder of a GGUF file's plain model and tokenizer (converted now if it is not there yet)."""
+    """The cache folder of a GGUF file's plain model and tokenizer, checked against its manifest; converted now if
+    it is not there yet, converted again (with a :class:`CacheWarning`) if it is damaged."""
     if task not in tasks:
         raise ModelLoadError(f"task={task!r} is not known; use one of {sorted(tasks)}")
-    folder = cache_root() / "gguf" / file_digest(file)
-    if not (folder / INFO).is_file():
-        if notify is not None:
-            notify(f"converting {file.name} ({file.stat().st_size / 2**20:.0f} MB) to a plain model, once: it is "
-                   f"cached in {folder.parent} (`normx cache` lists it)")
-        _convert(file, folder, task, tasks)
+    folder = entry_folder(file_digest(file))
+    if not (folder.exists() or folder.is_symlink()):
+        _convert(file, folder, task, tasks, notify)
+        return folder
+    problem = entry_problem(folder)
+    if problem is None:
+        return folder
+    warnings.warn(f"the cached conversion of {file.name} is damaged ({problem}); converting it again from {file}",
+                  CacheWarning, stacklevel=3)
+    try:
+        _convert(file, folder, task, tasks, notify)
+    except ModelLoadError as exc:
+        raise ModelLoadError(f"the cache entry {folder} is damaged ({problem}) and could not be rebuilt from "
+                             f"{file}: {exc}; {CLEAR_HINT}") from exc
     return folder
 
 
-def _convert(file: Path, folder: Path, task: str, tasks: dict[str, str]) -> None:
+def _convert(file: Path, folder: Path, task: str, tasks: dict[str, str],
+             notify: Callable[[str], None] | None) -> None:
     import importlib.util
 
     if importlib.util.find_spec("gguf") is None:
         raise ModelLoadError(f"loading a GGUF file needs the `gguf` package: `{GGUF_PIP}`")
+    header = read_header(file)
+    if notify is not None:
+        notify(f"converting {file.name} ({file.stat().st_size / 2**20:.0f} MB) to a plain transformers model, once: "
+               f"about {header.elements * 4 / 2**20:.0f} MB written to the cache at {folder} (this can take "
+               "minutes; later loads of the file take about a second; `normx cache` lists the cache)")
     import transformers
     from transformers.utils import logging
 
@@ -105,56 +134,43 @@ def _convert(file: Path, folder: Path, task: str, tasks: dict[str, str]) -> None
     before = logging.get_verbosity()
     logging.set_verbosity_error()
     try:
-        tokenizer = transformers.AutoTokenizer.from_pretrained(file.parent, gguf_file=file.name)
-        loaded = cls.from_pretrained(file.parent, gguf_file=file.name, trust_remote_code=False)
-    except (OSError, ValueError, KeyError, RuntimeError) as exc:
-        raise ModelLoadError(f"could not load {file} as a GGUF model: {exc}") from exc
+        with _progress_bar_on_terminals_only():
+            tokenizer = transformers.AutoTokenizer.from_pretrained(file.parent, gguf_file=file.name)
+            loaded = cls.from_pretrained(file.parent, gguf_file=file.name, trust_remote_code=False)
+        plain = type(loaded)(loaded.config)  # save_pretrained refuses a GGUF-loaded model: a plain one, same weights
+        plain.load_state_dict(loaded.state_dict())
+    except Exception as exc:  # whatever transformers makes of a stranger's file: a load error
+        raise ModelLoadError(f"could not convert {file} (architecture {header.values.get('general.architecture')!r})"
+                             f" to a transformers model: {type(exc).__name__}: {exc}") from exc
     finally:
         logging.set_verbosity(before)
-    plain = type(loaded)(loaded.config)  # save_pretrained refuses a GGUF-loaded model: a plain one, same weights
-    plain.load_state_dict(loaded.state_dict())
     plain.config.architectures = [type(plain).__name__]
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}-"))
-    try:
+
+    def fill(staging: Path) -> dict:
         plain.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
-        info = {"source": str(file), "name": file.name, "bytes": file.stat().st_size, "class": type(plain).__name__,
-                "written": time.strftime("%Y-%m-%dT%H:%M:%S")}
-        (staging / INFO).write_text(json.dumps(info, indent=1) + "\n")
-        if folder.exists():  # an incomplete entry (a conversion stopped half way)
-            shutil.rmtree(folder)
-        staging.rename(folder)
-    except OSError:
-        if not (folder / INFO).is_file():  # another process may have won the race
-            raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        return {"source": str(file), "name": file.name, "bytes": file.stat().st_size, "class": type(plain).__name__}
+
+    try:
+        write_entry(folder, fill)
+    except OSError as exc:
+        raise ModelLoadError(f"could not write the cache entry {folder}: {exc}") from exc
 
 
-def cache_entries() -> list[dict]:
-    """Every converted GGUF in the cache: ``{"path", "bytes", "name", "source", "class", "written"}``, and the
-    other folders normx keeps there with their sizes."""
-    root = cache_root()
-    out = []
-    for folder in sorted(p for p in root.glob("gguf/*") if p.is_dir()) + sorted(
-            p for p in root.glob("*") if p.is_dir() and p.name != "gguf"):
-        info_file = folder / INFO
-        info = json.loads(info_file.read_text()) if info_file.is_file() else {"name": folder.name}
-        if folder.parent.name == "gguf" and not info_file.is_file():
-            info["name"] = f"{folder.name} (incomplete)"
-        out.append({**info, "path": str(folder), "bytes": _size(folder)})
-    return out
+@contextlib.contextmanager
+def _progress_bar_on_terminals_only():
+    """transformers' "Converting and de-quantizing GGUF tensors" bar, only when stderr is a terminal (elsewhere it
+    is one endless line): its module's ``tqdm`` is swapped for a disabled one while this process converts."""
+    from transformers import modeling_gguf_pytorch_utils as reading
 
-
-def clear_cache() -> int:
-    """Remove everything in the cache folder; returns the bytes freed."""
-    root = cache_root()
-    freed = _size(root) if root.is_dir() else 0
-    if root.is_dir():
-        shutil.rmtree(root)
-    return freed
-
-
-def _size(folder: Path) -> int:
-    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+    terminal = sys.stderr is not None and getattr(sys.stderr, "isatty", lambda: False)()
+    if terminal or not hasattr(reading, "tqdm"):
+        yield
+        return
+    with _progress_lock:  # one conversion at a time swaps it, so the original always comes back
+        original = reading.tqdm
+        reading.tqdm = functools.partial(original, disable=True)
+        try:
+            yield
+        finally:
+            reading.tqdm = original
