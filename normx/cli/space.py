@@ -8,7 +8,9 @@ import argparse
 def add_parser(sub) -> argparse.ArgumentParser:
     """Add the ``space`` subcommand (light: it imports neither torch nor transformers)."""
     parser = sub.add_parser("space", help="write a Hugging Face Space folder of the demo: README.md (Spaces front "
-                                          "matter), app.py, requirements.txt, normx and the models")
+                                          "matter), app.py, requirements.txt, normx and the models; the package "
+                                          "folders get only their packages' own files (an installed wheel's "
+                                          "RECORD, or what git has committed), and it prints what it left out")
     parser.add_argument("folder", metavar="DIR", help="an empty folder or a fresh clone of the Space")
     parser.add_argument("--models", default=None, metavar="A,B",
                         help="the presets the Space serves, comma-separated (default: every preset that loads here; "
