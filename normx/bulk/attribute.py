@@ -9,34 +9,39 @@ run adds nothing.
 
 Under ``torchrun`` or ``accelerate launch`` (``WORLD_SIZE`` > 1) each process takes the shards ``k`` with
 ``k % world_size == rank`` and writes them; the files are the same as one process writes. ``_manifest.json``
-records the model, method and settings, row and shard counts and the normx version; a run into a folder made
-with other settings is refused. Its name starts with ``_``, which Parquet readers skip, so that
-``pandas.read_parquet(out)`` and ``pyarrow.dataset.dataset(out)`` read the shards alone.
+records the model, method and settings, the data file's size and sha256, row and shard counts and the normx version;
+a run into a folder made with other settings or other data is refused (:mod:`~normx.bulk.manifest`). Its name starts
+with ``_``, which Parquet readers skip, so that ``pandas.read_parquet(out)`` and ``pyarrow.dataset.dataset(out)``
+read the shards alone. A run with a larger ``limit`` (or none) than the folder's goes on from where the smaller one
+stopped: the shard it left short is completed, its rows kept.
 
 A row that cannot be explained (an empty or invisible-only text, a missing pair, bytes that are not UTF-8, a
 malformed line) does not stop the run: it is written with its reason in ``error`` (``file:line`` for what could not
-be read) and empty tokens and scores, and counted in the run's summary and the manifest.
+be read) and empty tokens and scores, and counted in the run's summary and the manifest. A row's warnings (a text
+truncated to the model's limit, unknown pieces) name the row by its id, in its ``warnings`` column and on the
+terminal (the first :data:`SHOWN` of a process).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import time
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from normx._version import __version__
+from normx.bulk import manifest
+from normx.bulk.manifest import MANIFEST, OLD_MANIFEST
 from normx.core.concurrency import tokenizer_lock
-from normx.core.inputs import check_text, positive_int, token_budget_batches
+from normx.core.inputs import check_text, token_budget_batches
 from normx.data.rows import Row, _pyarrow_parquet, iter_rows
-from normx.errors import InvalidInputError, NormxError
+from normx.errors import InputWarning, InvalidInputError, NormxError
 from normx.explanations.explain import explain
-from normx.models.identity import describe, model_identity
+from normx.models.identity import model_identity
 
-MANIFEST = "_manifest.json"  # "_": Parquet readers skip it when they read the folder
-OLD_MANIFEST = "manifest.json"  # folders written before normx named it so are still resumed
+SHOWN = 20  # row warnings a process shows on the terminal; the rest are in the warnings column only
 # padded tokens per forward pass by default; measured on MiniLM, 2 CPU cores (README "Large datasets"): 1024-2048
 # is fastest there, 8192 no faster than fixed batches of 32
 CPU_TOKENS, ACCELERATOR_TOKENS = 2048, 16384
@@ -51,20 +56,24 @@ class AttributionRun:
     shards: int = 0
     written: list[int] = field(default_factory=list)
     skipped: list[int] = field(default_factory=list)
+    extended: list[int] = field(default_factory=list)  # written shards that kept the rows a smaller limit had done
     tokens: int = 0
     seconds: float = 0.0
     rank: int = 0
     world_size: int = 1
     rows_explained: int = 0
     errors: int = 0  # rows this process wrote with an error instead of scores
+    warned: int = 0  # rows this process explained with warnings
 
     def summary(self) -> str:
         rate = f"{self.rows_explained / self.seconds:.1f} texts/s, {self.tokens / self.seconds:.0f} tokens/s" \
             if self.seconds > 0 and self.written else "nothing to do"
         failed = f"; {self.errors} rows could not be explained (their reason is in the error column)" \
             if self.errors else ""
+        failed += f"; {self.warned} rows were explained with warnings (the warnings column)" if self.warned else ""
+        kept = f" ({len(self.extended)} completing shards a smaller --limit had left short)" if self.extended else ""
         return (f"normx attribute: {self.rows} rows in {self.shards} shards; this process (rank {self.rank} of "
-                f"{self.world_size}) wrote {len(self.written)}, found {len(self.skipped)} done; {rate}{failed}")
+                f"{self.world_size}) wrote {len(self.written)}{kept}, found {len(self.skipped)} done; {rate}{failed}")
 
 
 def attribute_dataset(model, tokenizer, source, out, *, method: str = "normxlogit", target=None, layer=None,
@@ -76,21 +85,19 @@ def attribute_dataset(model, tokenizer, source, out, *, method: str = "normxlogi
     ``max_tokens``: padded tokens per forward pass, rows bucketed by length (default: 2048 for a model on CPU,
     where bigger batches run no faster; 16384 on an accelerator); ``batch_size``: instead, fixed batches of that
     many rows in input order (no bucketing). ``method``, ``target``, ``layer`` and ``options``
-    as :func:`normx.explain`. Returns an :class:`AttributionRun`; the rows are read back with
+    as :func:`normx.explain`. ``limit``: the first rows only; a later run into the same folder may raise it or
+    drop it (and goes on from there), not lower it. Returns an :class:`AttributionRun`; the rows are read back with
     ``datasets.load_dataset("parquet", data_files=f"{out}/shard-*.parquet")`` or pandas.
     """
-    positive_int(shard_size, "shard_size")
-    positive_int(max_tokens, "max_tokens", none=True)
+    parquet = _pyarrow_parquet()
+    settings = manifest.check_run(source, out, method=method, target=target, layer=layer, text_column=text_column,
+                                  pair_column=pair_column, limit=limit, shard_size=shard_size, max_tokens=max_tokens,
+                                  batch_size=batch_size, **options)
+    settings["model"] = model_identity(model)
     if max_tokens is None:
         max_tokens = CPU_TOKENS if next(model.parameters()).device.type == "cpu" else ACCELERATOR_TOKENS
-    positive_int(batch_size, "batch_size", none=True)
-    positive_int(limit, "limit", none=True)
-    parquet = _pyarrow_parquet()
     folder = Path(out).expanduser()
     job = _Job(method, target, layer, options, max_tokens, batch_size)
-    settings = {"model": model_identity(model), "method": method, "target": target, "layer": layer,
-                "options": options, "source": str(source), "text_column": text_column, "pair_column": pair_column,
-                "limit": limit, "shard_size": shard_size}
     created = _join_processes(model)
     try:
         rows = _shards(iter_rows(source, text_column, pair_column, limit, errors="record"), shard_size)
@@ -128,15 +135,19 @@ def _run(model, tokenizer, shards: Iterator[list[Row]], folder: Path, job: _Job,
         if index % world != rank:
             continue
         file = folder / f"shard-{index:05d}.parquet"
-        if file.exists():
+        kept = _kept(parquet, file, rows)
+        if kept is None:
             run.skipped.append(index)
             continue
-        records, tokens = _explain_shard(model, tokenizer, rows, job)
-        _write_atomically(parquet, records, file)
+        records, tokens = _explain_shard(model, tokenizer, rows[len(kept):], job)
+        _write_atomically(parquet, _uniform(kept + records), file)
+        _tell(run, records)
         run.errors += sum(record["error"] is not None for record in records)
         run.written.append(index)
+        if kept:
+            run.extended.append(index)
         run.tokens += tokens
-        run.rows_explained += len(rows)
+        run.rows_explained += len(records)
         if bar is not None:
             bar.update(len(rows))
             elapsed = max(time.perf_counter() - started, 1e-9)
@@ -149,6 +160,35 @@ def _run(model, tokenizer, shards: Iterator[list[Row]], folder: Path, job: _Job,
 
 
 # ---- the work of one shard -------------------------------------------------------------------------------------------
+
+def _kept(parquet, file: Path, rows: list[Row]) -> list[dict] | None:
+    """The records a shard's file holds of its first rows, to be kept (a run with a smaller limit wrote it); []
+    without a file; None when the file holds all of them (the shard is done)."""
+    if not file.exists():
+        return []
+    count = parquet.ParquetFile(file).metadata.num_rows
+    if count == len(rows):
+        return None
+    records = parquet.read_table(file).to_pylist() if count < len(rows) else []
+    if [r.get("id") for r in records] != [row.id for row in rows[:count]] or not records:
+        raise InvalidInputError(f"{file} holds {count} rows, not the first of the {len(rows)} rows "
+                                f"{rows[0].id}..{rows[-1].id} this run puts there; remove the folder to start again")
+    return records
+
+
+def _tell(run: AttributionRun, records: list[dict]) -> None:
+    """The rows' warnings on the terminal (as :class:`InputWarning`), the first :data:`SHOWN` of this process."""
+    for record in records:
+        if not record["warnings"]:
+            continue
+        run.warned += 1
+        if run.warned <= SHOWN:
+            for message in record["warnings"]:
+                warnings.warn(message, InputWarning, stacklevel=2)
+        if run.warned == SHOWN:
+            warnings.warn(f"more rows may have warnings; this process shows the first {SHOWN}, the others are in "
+                          "their warnings column", InputWarning, stacklevel=2)
+
 
 def _shards(rows: Iterator[Row], size: int) -> Iterator[list[Row]]:
     shard: list[Row] = []
@@ -212,23 +252,39 @@ def _explain_shard(model, tokenizer, rows: list[Row], job: _Job) -> tuple[list[d
                     results.append(exc)
         for i, explanation in zip(chosen, results):
             records[i] = _failed(rows[i], str(explanation)) if isinstance(explanation, Exception) \
-                else _record(rows[i], explanation)
+                else _record(rows[i], *explanation)
     return _uniform(records), sum(lengths)
 
 
-def _explain_rows(model, tokenizer, rows: list[Row], job: _Job) -> list:
+def _explain_rows(model, tokenizer, rows: list[Row], job: _Job) -> list[tuple]:
+    """(explanation, its warnings naming the row by its id) for each row, explained together; the input warnings
+    explain raises (which name a row by its place in the batch) are left to :func:`_tell`, others pass on."""
     pairs = [r.text_pair for r in rows] if rows[0].text_pair is not None else None
-    return explain(model, tokenizer, [r.text for r in rows], job.method, job.target, job.layer, text_pair=pairs,
-                   batch_size=len(rows), **job.options)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        results = explain(model, tokenizer, [r.text for r in rows], job.method, job.target, job.layer,
+                          text_pair=pairs, batch_size=len(rows), **job.options)
+    for warning in caught:
+        if not issubclass(warning.category, InputWarning):
+            warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+    return [(e, [_named(message, place, row.id) for message in e.warnings])
+            for place, (row, e) in enumerate(zip(rows, results))]
 
 
-def _record(row: Row, e) -> dict:
+def _named(message: str, place: int, row: int) -> str:
+    """A warning about the text at ``place`` of a batch, said of the row: ``input 3 has ...`` -> ``row 1042 has
+    ...``; other messages get ``row 1042:`` in front."""
+    batch = f"input {place} "
+    return f"row {row} {message[len(batch):]}" if message.startswith(batch) else f"row {row}: {message}"
+
+
+def _record(row: Row, e, warned: list[str]) -> dict:
     main = e.to_dict()
     record = {"id": row.id, "text": row.text, "text_pair": row.text_pair, "tokens": main["tokens"],
               "offsets": main["offsets"], "scores": main["scores"], "label": main["label"],
               "prediction": e.prediction, "probabilities": [
                   {"label": str(k), "probability": float(v)} for k, v in e.probabilities.items()],
-              "warnings": list(e.warnings), "error": None, "segments": list(e.segments),
+              "warnings": warned, "error": None, "segments": list(e.segments),
               "special": list(e.special), "pooled": e.pooled, "layer": main["layer"], "method": e.method,
               "kind": e.kind, "family": e.family, "regression": e.regression}
     if len(e.labels) > 1 or len(e.layers) > 1:  # every label and layer asked for
@@ -296,35 +352,19 @@ def _barrier() -> None:
 
 
 def _check_manifest(folder: Path, settings: dict, rank: int) -> None:
+    """Refuse a folder made with other settings (:func:`normx.bulk.manifest.differences`, the model included); record
+    this run's settings (a raised limit, the data's new spelling) and that it is not complete."""
     file = folder / MANIFEST
     old = folder / OLD_MANIFEST
     if old.exists() and not file.exists() and rank == 0:  # a folder from before the rename: resumed as it is
         os.replace(old, file)
     _barrier()
-    if file.exists():
-        stored = json.loads(file.read_text())["settings"]
-        problems = _differences(stored, settings)
-        if problems:
-            raise InvalidInputError(f"{folder} holds shards made with other settings: {'; '.join(problems)}. Use "
-                                    "another --out folder, or remove this one to start again")
-    elif rank == 0:
-        _write_manifest(file, {"settings": settings, "complete": False})
-
-
-def _differences(stored: dict, settings: dict) -> list[str]:
-    """What differs between a folder's settings and this run's, each said with both values."""
-    plain = json.loads(json.dumps(settings, default=str))
-    problems = []
-    for key in sorted(settings):
-        was, now = stored.get(key), plain[key]
-        if key == "model" and not isinstance(was, dict):  # a folder from before identities: its name only
-            now = now["name"]
-        if was != now:
-            if key == "model":
-                problems.append(f"its model is {describe(was)}, this run's is {describe(now)}")
-            else:
-                problems.append(f"{key} was {was!r}, now {now!r}")
-    return problems
+    stored = manifest.read(folder)
+    if stored:
+        manifest.refuse(folder, manifest.differences(stored.get("settings", {}), settings))
+    _barrier()  # every process has read it before it changes
+    if rank == 0 and stored.get("settings") != manifest.plain(settings):
+        manifest.write(file, {"settings": settings, "complete": False})
 
 
 def _finish(folder: Path, settings: dict, run: AttributionRun, parquet) -> None:
@@ -333,7 +373,7 @@ def _finish(folder: Path, settings: dict, run: AttributionRun, parquet) -> None:
         return
     files = sorted(folder.glob("shard-*.parquet"))
     rows = {f.name: parquet.ParquetFile(f).metadata.num_rows for f in files}
-    _write_manifest(folder / MANIFEST, {
+    manifest.write(folder / MANIFEST, {
         "settings": settings, "complete": len(files) == run.shards and sum(rows.values()) == run.rows,
         "rows": run.rows, "shards": run.shards, "rows_per_shard": rows, "errors": _errors(parquet, files),
         "normx": __version__,
@@ -347,12 +387,6 @@ def _errors(parquet, files: list[Path]) -> int:
         if "error" in parquet.ParquetFile(file).schema_arrow.names:
             count += parquet.read_table(file, columns=["error"]).column("error").drop_null().length()
     return count
-
-
-def _write_manifest(file: Path, data: dict) -> None:
-    temporary = file.with_name(f".{file.name}.tmp-{os.getpid()}")
-    temporary.write_text(json.dumps(data, indent=1, default=str) + "\n")
-    os.replace(temporary, file)
 
 
 def _progress(enabled: bool):

@@ -4,7 +4,6 @@ total and mean attribution, with counts, streamed over the shards so that memory
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -12,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from normx.bulk.attribute import MANIFEST, OLD_MANIFEST
+from normx.bulk import manifest as folder_manifest
 from normx.data.rows import _pyarrow_parquet
 from normx.errors import InvalidInputError
 from normx.explanations.result import Explanation
@@ -23,8 +22,12 @@ SUMMARY_COLUMNS = ["tokens", "offsets", "scores", "label", "text", "text_pair", 
 
 
 def shard_files(folder) -> list[Path]:
-    """The shard files of an ``attribute`` folder, in order; a clear error if it has none."""
+    """The shard files of an ``attribute`` folder, in order; a clear error if there is no such folder or it has
+    none."""
     path = Path(folder).expanduser()
+    if not path.is_dir():
+        raise InvalidInputError(f"{path} " + ("is not a folder" if path.exists() else "does not exist")
+                                + ": give the folder a normx attribute run wrote (its --out)")
     files = sorted(path.glob("shard-*.parquet"))
     if not files:
         raise InvalidInputError(f"{path} has no shard-*.parquet files: is it a folder written by normx attribute?")
@@ -33,11 +36,7 @@ def shard_files(folder) -> list[Path]:
 
 def manifest(folder) -> dict:
     """The folder's manifest (``{}`` if it has none)."""
-    path = Path(folder).expanduser()
-    for name in (MANIFEST, OLD_MANIFEST):
-        if (path / name).is_file():
-            return json.loads((path / name).read_text())
-    return {}
+    return folder_manifest.read(folder)
 
 
 def iter_records(folder, columns: list[str] | None = None, batch_size: int = 1024) -> Iterator[dict]:
