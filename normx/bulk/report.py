@@ -15,7 +15,7 @@ import html
 import json
 from pathlib import Path
 
-from normx.bulk.read import SUMMARY_COLUMNS, SummaryBuilder, iter_records, manifest
+from normx.bulk.read import SUMMARY_COLUMNS, SummaryBuilder, iter_records, manifest, shard_files
 from normx.errors import NormxError
 from normx.explanations.display import AMOUNT
 from normx.explanations.html import NEGATIVE, POSITIVE
@@ -30,6 +30,7 @@ _COLUMNS = ["id", "text", "text_pair", "tokens", "offsets", "scores", "label", "
 def write_report(folder, out=None, top: int = 20, min_count: int = 5) -> Path:
     """Write the report of ``folder`` into ``out`` (default ``folder/_report``); returns the index file."""
     folder = Path(folder).expanduser()
+    shard_files(folder)  # no such folder, or no shards in it: said before anything is written
     target = Path(out).expanduser() if out is not None else folder / "_report"
     target.mkdir(parents=True, exist_ok=True)
     for old in target.glob("rows-*.js"):
