@@ -124,9 +124,9 @@ def _convert(file: Path, folder: Path, task: str, tasks: dict[str, str],
         raise ModelLoadError(f"loading a GGUF file needs the `gguf` package: `{GGUF_PIP}`")
     header = read_header(file)
     if notify is not None:
-        notify(f"converting {file.name} ({file.stat().st_size / 2**20:.0f} MB) to a plain transformers model, once: "
-               f"about {header.elements * 4 / 2**20:.0f} MB written to the cache at {folder} (this can take "
-               "minutes; later loads of the file take about a second; `normx cache` lists the cache)")
+        notify(f"converting {file.name} ({_mb(file.stat().st_size)}) to a plain transformers model, once: about "
+               f"{_mb(header.elements * 4)} (float32 weights) written to the cache at {folder}; this can take "
+               "minutes, later loads of the file take about a second (`normx cache` lists the cache)")
     import transformers
     from transformers.utils import logging
 
@@ -155,6 +155,11 @@ def _convert(file: Path, folder: Path, task: str, tasks: dict[str, str],
         write_entry(folder, fill)
     except OSError as exc:
         raise ModelLoadError(f"could not write the cache entry {folder}: {exc}") from exc
+
+
+def _mb(size: int) -> str:
+    mb = size / 2**20
+    return f"{mb:.1f} MB" if mb < 10 else f"{mb:.0f} MB"
 
 
 @contextlib.contextmanager
