@@ -158,15 +158,15 @@ def _unlisted(folder: Path, listed: set[str], reason: str) -> list[LeftOut]:
     for here, dirs, files in os.walk(folder):  # never into a linked folder (followlinks=False)
         rel = PurePosixPath(Path(here).relative_to(folder).as_posix())
         for d in sorted(dirs):
-            path = str(rel / d) if str(rel) != "." else d
+            path = str(rel / d)  # PurePosixPath(".") / d is d
             if os.path.islink(os.path.join(here, d)):
                 out.append(LeftOut(f"{folder.name}/{path}", SYMLINK))
             elif path not in prefixes:
                 out.append(LeftOut(f"{folder.name}/{path}/", CACHE if d in CACHE_DIRS else reason))
         dirs[:] = sorted(d for d in dirs if not os.path.islink(os.path.join(here, d))
-                         and (str(rel / d) if str(rel) != "." else d) in prefixes)
+                         and str(rel / d) in prefixes)
         for f in sorted(files):
-            path = str(rel / f) if str(rel) != "." else f
+            path = str(rel / f)
             if path in listed:
                 continue
             why = SYMLINK if os.path.islink(os.path.join(here, f)) else CACHE if _is_cache(path) else reason
