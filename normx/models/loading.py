@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import pickle
+import re
+import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import transformers
@@ -23,6 +26,9 @@ _PEFT_TASKS = {"SEQ_CLS": "sequence-classification", "CAUSAL_LM": "causal-lm"}
 warnings.filterwarnings("ignore", message=r".*`is_gradient_checkpointing` is deprecated", category=FutureWarning,
                         module=r"transformers\.modeling_utils")
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "spiece.model")
+_ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")  # the file peft loads: the first present
+_NO_PROMPT = threading.Lock()
+_no_prompt = {"loads": 0, "timeout": None}  # loads in flight under never_ask_to_run_code; the timeout they replaced
 
 
 class HubUnreachableError(ModelLoadError):
@@ -50,7 +56,11 @@ def load_pretrained(name_or_path: str | Path, *, task: str | None = None, dtype=
         raise ModelLoadError(f"task={task!r} is not known; use one of {sorted(TASKS)}")
     refuse_remote_code(kwargs)
     kwargs["trust_remote_code"] = False  # never run code from a model folder or hub repository, never ask
-    source = str(name_or_path)
+    with never_ask_to_run_code():
+        return _load(str(name_or_path), task, dtype, device, notify, kwargs)
+
+
+def _load(source: str, task: str | None, dtype, device, notify, kwargs: dict):
     path = Path(source).expanduser()
     file = path / kwargs.pop("gguf_file") if kwargs.get("gguf_file") else gguf_file(path)
     if file is not None:
@@ -75,6 +85,28 @@ def refuse_remote_code(kwargs: dict) -> None:
     if kwargs.get("trust_remote_code"):
         raise ModelLoadError("trust_remote_code=True is not allowed: normx explains transformers' built-in "
                              "architectures only (normx.supported_models()), and never runs a model folder's own code")
+
+
+@contextmanager
+def never_ask_to_run_code() -> Iterator[None]:
+    """While normx loads, a folder's own code is refused, never asked about: every load normx makes passes
+    ``trust_remote_code=False``, and a load it does not make itself (peft's, for an adapter whose tuner loads another
+    model by name) that would ask "Do you wish to run the custom code? [y/N]" on standard input raises instead
+    (transformers' own switch for that: its prompt timeout at 0). Set back when the last load in flight ends."""
+    from transformers import dynamic_module_utils
+
+    with _NO_PROMPT:
+        if _no_prompt["loads"] == 0:
+            _no_prompt["timeout"] = dynamic_module_utils.TIME_OUT_REMOTE_CODE
+            dynamic_module_utils.TIME_OUT_REMOTE_CODE = 0
+        _no_prompt["loads"] += 1
+    try:
+        yield
+    finally:
+        with _NO_PROMPT:
+            _no_prompt["loads"] -= 1
+            if _no_prompt["loads"] == 0:
+                dynamic_module_utils.TIME_OUT_REMOTE_CODE = _no_prompt["timeout"]
 
 
 def _check_hub_id(source: str) -> None:
@@ -146,11 +178,12 @@ def _load_transformers(source: str, task: str | None, kwargs: dict, head_from_ad
     except (OSError, ValueError) as exc:
         if isinstance(exc, UnsupportedModelError):
             raise
+        if _wants_own_code(exc):
+            raise ModelLoadError(_own_code_message("a model", source, exc)) from None
         raise ModelLoadError(f"could not load a model from {source!r}: {exc}. A hub id needs network access "
                              "(the hub is unreachable offline); a local folder needs config.json and weights.") from exc
     except pickle.UnpicklingError as exc:  # a pickled checkpoint that the safe (weights-only) load refuses
-        raise ModelLoadError(f"could not load a model from {source!r}: its pickled weights failed the safe load "
-                             f"(only tensors are allowed, no code): {str(exc).splitlines()[0]}") from None
+        raise ModelLoadError(_pickle_message(f"a model from {source!r}", exc, "model.safetensors")) from None
     except SafetensorError as exc:
         raise ModelLoadError(f"could not load a model from {source!r}: its safetensors weights are damaged ({exc})"
                              ) from None
@@ -173,7 +206,38 @@ def _load_tokenizer(source: str, kwargs: dict):
     try:
         return transformers.AutoTokenizer.from_pretrained(source, **tok_kwargs)
     except (OSError, ValueError) as exc:
+        if _wants_own_code(exc):
+            raise ModelLoadError(_own_code_message("a tokenizer", source, exc)) from None
         raise ModelLoadError(f"could not load a tokenizer from {source!r}: {exc}") from exc
+
+
+def _pickle_message(what: str, exc: Exception, safetensors: str) -> str:
+    """A pickle the weights-only load refused: what it refused (not torch's advice around it, which is to load the
+    file without the check), and the format that needs no unpickling."""
+    text = str(exc)
+    found = re.search(r"WeightsUnpickler error:(.*?)(?:Check the documentation|$)", text, re.DOTALL)
+    reason = " ".join((found.group(1) if found else text).split()) or type(exc).__name__
+    return (f"could not load {what}: its pickled weights failed the safe load (only tensors are allowed, no code; "
+            f"nothing in the file ran): {reason}. normx unpickles weights only with torch's weights-only load; "
+            f"save them as safetensors ({safetensors}), which needs no unpickling")
+
+
+def _wants_own_code(exc: Exception) -> bool:
+    """Whether transformers refused a load because it needs the folder's or repository's own code (its message
+    asks for ``trust_remote_code=True``, which normx never passes)."""
+    return isinstance(exc, ValueError) and "trust_remote_code" in str(exc)
+
+
+def _own_code_message(what: str, source: str, exc: Exception) -> str:
+    found = re.search(r"The repository (\S+) (?:contains|references) custom code", str(exc))
+    if found is None:  # transformers' message without the place: the code is the source's or a model's it names
+        needs = "a model's own Python code (its own, or that of a model it names)"
+    else:
+        needs = "its own Python code" if found.group(1) == source else f"the Python code in {found.group(1)}"
+    return (f"could not load {what} from {source!r}: it needs {needs} (an auto_map in config.json or "
+            "tokenizer_config.json names the files), and normx never runs a model's own code (trust_remote_code is "
+            "always off; none of those files was imported). normx loads transformers' built-in architectures and "
+            "tokenizers only")
 
 
 def _load_peft(path: Path, task: str | None, kwargs: dict):
@@ -188,9 +252,21 @@ def _load_peft(path: Path, task: str | None, kwargs: dict):
         # the task model's config (labels, pad token) saved beside the adapter
         kwargs["config"] = transformers.AutoConfig.from_pretrained(path, trust_remote_code=False)
     base = _load_transformers(base_source, task, kwargs, head_from_adapter=True)
-    model = PeftModel.from_pretrained(base, str(path))
+    weights = next((path / name for name in _ADAPTER_WEIGHTS if (path / name).is_file()), path)
+    try:
+        model = PeftModel.from_pretrained(base, str(path))
+    except pickle.UnpicklingError as exc:  # a pickle that the safe (weights-only) load refuses
+        raise ModelLoadError(_pickle_message(f"the adapter {weights}", exc, "adapter_model.safetensors")) from None
+    except SafetensorError as exc:
+        raise ModelLoadError(f"could not load the adapter {weights}: its safetensors weights are damaged ({exc})"
+                             ) from None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        if _wants_own_code(exc):
+            raise ModelLoadError(_own_code_message("the PEFT adapter", str(path), exc)) from None
+        raise ModelLoadError(f"could not load the PEFT adapter in {path}: {exc}") from exc
     has_tokenizer = any((path / name).is_file() for name in _TOKENIZER_FILES)
-    tokenizer = _load_tokenizer(str(path) if has_tokenizer else base_source, {} if has_tokenizer else kwargs)
+    tokenizer = _load_tokenizer(str(path) if has_tokenizer else base_source,
+                                {"trust_remote_code": False} if has_tokenizer else kwargs)
     return model, tokenizer
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,19 +82,21 @@ class Preset:
         """``(model, tokenizer)``: the base with a new, untrained head for this preset's task (for training)."""
         import transformers
 
+        kwargs["trust_remote_code"] = False  # the base is a package's folder or normx's cache: still never its code
         folder = self.base_dir()
-        tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
         if self.task == "causal-lm":
             with _quiet():
                 return transformers.LlamaForCausalLM.from_pretrained(folder, **kwargs), tokenizer
         if self.task == "masked-lm":
-            config = transformers.AutoConfig.from_pretrained(folder, architectures=["BertForMaskedLM"])
+            config = transformers.AutoConfig.from_pretrained(folder, architectures=["BertForMaskedLM"],
+                                                             trust_remote_code=False)
             with _quiet():
                 return transformers.BertForMaskedLM.from_pretrained(folder, config=config, **kwargs), tokenizer
         cls = transformers.BertForSequenceClassification if self.base == "minilm" \
             else transformers.LlamaForSequenceClassification
         config = transformers.AutoConfig.from_pretrained(
-            folder, num_labels=len(self.labels), id2label=dict(enumerate(self.labels)),
+            folder, trust_remote_code=False, num_labels=len(self.labels), id2label=dict(enumerate(self.labels)),
             label2id={label: i for i, label in enumerate(self.labels)},
             problem_type="regression" if self.labels == ("score",) else "single_label_classification")
         config.normx_inputs = self.inputs
@@ -116,9 +119,10 @@ class Preset:
         import transformers
         from peft import PeftModel
 
+        kwargs["trust_remote_code"] = False
         folder = self.base_dir()
-        tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
-        config = transformers.AutoConfig.from_pretrained(self.folder)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
+        config = transformers.AutoConfig.from_pretrained(self.folder, trust_remote_code=False)
         cls = getattr(transformers, config.architectures[0])
         with _quiet():
             base = cls.from_pretrained(folder, config=config, **kwargs)
@@ -201,6 +205,20 @@ DEFAULT = "minilm-sst2"
 
 def list_presets() -> list[str]:
     return list(PRESETS)
+
+
+def preset_named(name_or_path) -> Preset | None:
+    """The preset that ``name_or_path`` names, else None. Presets are names, folders are paths: a bare preset name
+    (a ``str`` such as ``"minilm-sst2"``) is the preset even when the working directory holds a folder of that
+    name; a path (``"./minilm-sst2"``, an absolute path, anything with a path separator, a ``pathlib.Path``) is never
+    a preset."""
+    return PRESETS.get(name_or_path) if isinstance(name_or_path, str) else None
+
+
+def shadowed_folder(name: str) -> str | None:
+    """For a bare preset name that is also a file or folder in the working directory: the path form that loads that
+    folder instead (``./minilm-sst2``); else None."""
+    return f".{os.sep}{name}" if preset_named(name) is not None and Path(name).exists() else None
 
 
 def get_preset(name: str) -> Preset:
