@@ -1,6 +1,6 @@
 """``normx show DIR``: one HTML report of a folder written by ``normx attribute``: the run's settings, the corpus
-summary (per label, the tokens and words with the largest total and mean attribution), then every example, sortable
-by id, prediction, confidence and length, paged.
+summary (per label, the words with the largest total and mean attribution: :class:`WordSummary`), then every
+example, sortable by id, prediction, confidence and length, paged.
 
 The report is ``index.html`` plus the examples' data in chunk files (``rows-00000.js``, 500 rows each) that the page
 loads when a page of examples shows, so that 100,000 rows open as quickly as 1,000: the index holds only what
@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import html
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
-from normx.bulk.read import SUMMARY_COLUMNS, SummaryBuilder, iter_records, manifest, shard_files
+from normx.bulk.read import SUMMARY_COLUMNS, SummaryBuilder, _predicted_view, iter_records, manifest, shard_files
 from normx.errors import NormxError
-from normx.explanations.display import AMOUNT
+from normx.explanations.display import AMOUNT, SPACE_SIGN, WHITESPACE_SIGNS
 from normx.explanations.html import NEGATIVE, POSITIVE
+from normx.explanations.words import word_units
 from normx.methods import get_method
 from normx.models.identity import describe
 
@@ -36,10 +38,9 @@ def write_report(folder, out=None, top: int = 20, min_count: int = 5) -> Path:
     for old in target.glob("rows-*.js"):
         old.unlink()
     index, chunk, number = [], [], 0
-    words, tokens = SummaryBuilder("word"), SummaryBuilder("token")
+    words = WordSummary()
     for record in iter_records(folder, list(dict.fromkeys(_COLUMNS + SUMMARY_COLUMNS))):  # one pass for all
         words.add(record)
-        tokens.add(record)
         probabilities = {p["label"]: p["probability"] for p in record.get("probabilities") or []}
         prediction = record.get("prediction")
         confidence = probabilities.get(str(prediction)) if prediction is not None else None
@@ -52,10 +53,12 @@ def write_report(folder, out=None, top: int = 20, min_count: int = 5) -> Path:
             chunk, number = [], number + 1
     if chunk:
         _write_chunk(target, number, chunk)
-    words, tokens = words.result(), tokens.result()
+    words = words.result()
     page = _PAGE.replace("{{title}}", html.escape(f"normx attributions: {folder.name}"))
-    page = page.replace("{{settings}}", _settings(manifest(folder), tokens))
-    page = page.replace("{{summary}}", _summary(words, top, min_count) + _summary(tokens, top, min_count))
+    page = page.replace("{{settings}}", _settings(manifest(folder), words))
+    page = page.replace("{{summary}}", _summary(words, top, min_count))
+    page = page.replace("{{signs}}", json.dumps(WHITESPACE_SIGNS, ensure_ascii=False))
+    page = page.replace("{{space}}", SPACE_SIGN)
     page = page.replace("{{index}}", json.dumps(index, ensure_ascii=False).replace("</", "<\\/"))
     page = page.replace("{{chunk}}", str(CHUNK)).replace("{{pos}}", ",".join(map(str, POSITIVE)))
     page = page.replace("{{neg}}", ",".join(map(str, NEGATIVE))).replace("{{amount}}", ",".join(map(str, AMOUNT)))
@@ -64,6 +67,44 @@ def write_report(folder, out=None, top: int = 20, min_count: int = 5) -> Path:
     file = target / "index.html"
     file.write_text(page, encoding="utf-8")
     return file
+
+
+class WordSummary(SummaryBuilder):
+    """The report's corpus summary: per label, the words of each row's predicted view (:func:`report_words`: sub-word
+    pieces joined by the word boundaries of :mod:`normx.explanations.words`, punctuation-only words left out), their
+    total and mean attribution and counts."""
+
+    def __init__(self):
+        super().__init__("word")
+
+    def add(self, record: dict) -> None:
+        self.rows += 1
+        if record.get("error"):
+            self.skipped += 1
+            return
+        record = _predicted_view(record)
+        table = self._totals[str(record["label"])]
+        for name, value in report_words(record):
+            entry = table[name]
+            entry[0] += value
+            entry[1] += 1
+
+
+def report_words(record: dict) -> Iterator[tuple[str, float]]:
+    """(word, score) of one row's main view: its tokens grouped into the words of
+    :func:`normx.explanations.words.word_units` (nltk's words over the tokenizer's character offsets, so "un", "fl",
+    "in", "ching", "ly" are "unflinchingly" and a comma is a word of its own), their scores summed; special tokens,
+    tokens outside any word and words without a letter or digit ("." "," "--") left out."""
+    tokens, scores = record["tokens"], record["scores"]
+    special = record.get("special") or [False] * len(tokens)
+    segments = record.get("segments") or [0] * len(tokens)
+    offsets = [tuple(o) for o in record.get("offsets") or []]
+    for members, fields in word_units(record["text"], record.get("text_pair"), offsets, segments, special):
+        word = fields["token"]
+        values = [float(scores[i]) for i in members if scores[i] is not None]
+        if word is None or fields["special"] or not values or not any(ch.isalnum() for ch in word):
+            continue
+        yield word, sum(values)
 
 
 _LEGENDS = {
@@ -134,8 +175,8 @@ table{border-collapse:collapse}td,th{padding:3px 8px;border-bottom:1px solid #ee
 <h1 style="font-size:18px">{{title}}</h1>
 <table>{{settings}}</table>
 <h2 style="font-size:16px">What the corpus says</h2>
-<p style="color:#555">Per explained label: the units with the largest total and mean attribution over every row
-(main view; special tokens left out).</p>
+<p style="color:#333">Per explained label: the words with the largest total and mean attribution over every row
+(each row's predicted view; a word's sub-word tokens summed; special tokens and punctuation left out).</p>
 {{summary}}
 <h2 style="font-size:16px">Examples</h2>
 <p style="color:#555">Click a column to sort. {{legend}}</p>
@@ -159,6 +200,12 @@ function load(n, then) {
 }
 const ESCAPES = {'&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;'};
 function esc(t) { return String(t).replace(/[&<>"]/g, c => ESCAPES[c]); }
+const SIGNS = {{signs}}, SPACE = '{{space}}';
+function shown(t) {  // normx.explanations.display.visible_whitespace: a white-space unit as visible signs
+  const blank = t.length > 0 && t.trim() === '';
+  for (const [sign, mark] of Object.entries(SIGNS)) t = t.split(sign).join(mark);
+  return blank ? t.replace(/\\s/g, SPACE) : t;
+}
 function colour(v, scale) {
   const [low, high] = scale;
   if (v === null || !isFinite(v) || high - low <= 0) return 'transparent';
@@ -183,7 +230,7 @@ function view(row) {
     if (!special && b > a && (seg === 0 || seg === 1)) {
       if (seg === 1 && cursor[1] === 0 && out) out += ' <span style="color:#999">‖</span> ';
       out += esc(texts[seg].slice(cursor[seg], a)) + '<span class="u" style="background:' + colour(v, scale) +
-        '" title="' + tip + '">' + esc(texts[seg].slice(a, b)) + '</span>';
+        '" title="' + tip + '">' + esc(shown(texts[seg].slice(a, b))) + '</span>';
       cursor[seg] = b;
     } else {
       out += '<span class="u sp" style="background:' + colour(v, scale) + '" title="' + tip + '">' + esc(tok) +

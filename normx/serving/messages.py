@@ -7,6 +7,7 @@ Plain functions; the demo's handlers call :func:`error_message` (tests call it d
 from __future__ import annotations
 
 import re
+import reprlib
 
 from normx.errors import NormxError
 
@@ -21,19 +22,19 @@ _API_WORDS = (("with text_pair= (CLI: --pair)", "in the Second text box"),
 
 def excerpt(value, limit: int = EXCERPT) -> str:
     """``value`` quoted for a message: its ``repr`` when short, else the ``repr`` of its start and how long it is
-    (``'aaaa…' (5,000,000 characters)``, ``a list of 90,000 items starting ['x', …]``)."""
+    (``'aaaa…' (5,000,000 characters)``; a long list's first items, abbreviated, and its length), never reading more
+    of it than it shows."""
     if isinstance(value, str):
         if len(value) <= limit:
             return repr(value)
         return f"{value[:limit]!r}… ({len(value):,} characters)"
-    if isinstance(value, (list, tuple)):
-        shown = repr(value)
-        if len(shown) <= limit:
-            return shown
-        first = excerpt(value[0], limit // 2) if value else ""
-        return f"a {type(value).__name__} of {len(value):,} items starting [{first}, …]"
-    shown = repr(value)
-    return shown if len(shown) <= limit else f"{shown[:limit]}… (a {type(value).__name__})"
+    short = reprlib.Repr()
+    short.maxstring = short.maxother = limit // 2 if isinstance(value, (list, tuple, dict, set)) else limit
+    short.maxlist = short.maxtuple = short.maxdict = short.maxset = 2
+    shown = short.repr(value)
+    if isinstance(value, (list, tuple, dict, set)) and len(value) > 2:
+        shown += f" ({len(value):,} items)"
+    return shown
 
 
 def shorten(message: str, limit: int = MAX_MESSAGE) -> str:

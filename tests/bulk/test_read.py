@@ -80,7 +80,8 @@ def test_normx_show_writes_a_report_a_browser_shows(folder, tmp_path, capsys):
     index = Path(capsys.readouterr().out.strip())
     assert index == tmp_path / "report" / "index.html"
     page = index.read_text()
-    assert "What the corpus says" in page and "words, largest total" in page and "tokens, largest mean" in page
+    assert "What the corpus says" in page and "words, largest total" in page and "words, largest mean" in page
+    assert "tokens, largest" not in page  # the summary is over words (sub-word pieces joined)
     assert sorted(p.name for p in index.parent.glob("rows-*.js")) == ["rows-00000.js"]
     assert main(["show", str(out)]) == 0  # default: inside the folder, where Parquet readers do not look
     assert (out / "_report" / "index.html").is_file() and len(pd.read_parquet(out)) == len(TEXTS)
