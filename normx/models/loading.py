@@ -166,6 +166,7 @@ def _model_class(config, task: str | None, source: str):
 
 
 def _load_transformers(source: str, task: str | None, kwargs: dict, head_from_adapter: bool = False):
+    kwargs = {**kwargs, "trust_remote_code": False}  # whoever calls: never a model's own code
     config_kwargs = {k: v for k, v in kwargs.items() if k in ("gguf_file", "revision", "trust_remote_code",
                                                                "cache_dir", "token", "local_files_only")}
     try:
@@ -202,9 +203,9 @@ def _say_new_head(model, info: dict, source: str) -> None:
 
 def _load_tokenizer(source: str, kwargs: dict):
     tok_kwargs = {k: v for k, v in kwargs.items() if k in ("gguf_file", "revision", "cache_dir", "token",
-                                                            "local_files_only", "trust_remote_code")}
+                                                            "local_files_only")}
     try:
-        return transformers.AutoTokenizer.from_pretrained(source, **tok_kwargs)
+        return transformers.AutoTokenizer.from_pretrained(source, trust_remote_code=False, **tok_kwargs)
     except (OSError, ValueError) as exc:
         if _wants_own_code(exc):
             raise ModelLoadError(_own_code_message("a tokenizer", source, exc)) from None
@@ -265,8 +266,7 @@ def _load_peft(path: Path, task: str | None, kwargs: dict):
             raise ModelLoadError(_own_code_message("the PEFT adapter", str(path), exc)) from None
         raise ModelLoadError(f"could not load the PEFT adapter in {path}: {exc}") from exc
     has_tokenizer = any((path / name).is_file() for name in _TOKENIZER_FILES)
-    tokenizer = _load_tokenizer(str(path) if has_tokenizer else base_source,
-                                {"trust_remote_code": False} if has_tokenizer else kwargs)
+    tokenizer = _load_tokenizer(str(path) if has_tokenizer else base_source, {} if has_tokenizer else kwargs)
     return model, tokenizer
 
 
