@@ -96,7 +96,8 @@ class _Reader:
         at = self.at
         value = self.take("Q", what)
         if value * least_bytes > self.size - self.at:
-            raise _Bad(at, f"{what} is {value}, more than the {self.size - self.at} bytes left can hold")
+            raise _Bad(at, f"{what} is {value}, more than the {self.size - self.at} bytes left can hold (the file is "
+                           "cut short, or this number is corrupt)")
         return value
 
     def string(self, what: str) -> str:
