@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from normx._version import __version__
-from normx.bulk import manifest
+from normx.bulk import manifest, processes
 from normx.bulk.manifest import MANIFEST, OLD_MANIFEST
 from normx.core.concurrency import tokenizer_lock
 from normx.core.inputs import check_text, token_budget_batches
@@ -98,15 +98,13 @@ def attribute_dataset(model, tokenizer, source, out, *, method: str = "normxlogi
         max_tokens = CPU_TOKENS if next(model.parameters()).device.type == "cpu" else ACCELERATOR_TOKENS
     folder = Path(out).expanduser()
     job = _Job(method, target, layer, options, max_tokens, batch_size)
-    created = _join_processes(model)
+    created = processes.join(model)
     try:
         rows = _shards(iter_rows(source, text_column, pair_column, limit, errors="record"), shard_size)
         return _run(model, tokenizer, rows, folder, job, settings, parquet, progress)
     finally:
         if created:
-            import torch.distributed as dist
-
-            dist.destroy_process_group()
+            processes.leave()
 
 
 @dataclass(frozen=True)
@@ -123,7 +121,7 @@ class _Job:
 
 def _run(model, tokenizer, shards: Iterator[list[Row]], folder: Path, job: _Job, settings: dict, parquet,
          progress: bool) -> AttributionRun:
-    rank, world = _process()
+    rank, world = processes.rank_and_world()
     folder.mkdir(parents=True, exist_ok=True)
     _check_manifest(folder, settings, rank)
     run = AttributionRun(folder, rank=rank, world_size=world)
@@ -251,8 +249,8 @@ def _explain_shard(model, tokenizer, rows: list[Row], job: _Job) -> tuple[list[d
                 except NormxError as exc:
                     results.append(exc)
         for i, explanation in zip(chosen, results):
-            records[i] = _failed(rows[i], str(explanation)) if isinstance(explanation, Exception) \
-                else _record(rows[i], *explanation)
+            records[i] = _failed(rows[i], _named(str(explanation), 0, rows[i].id, always=False)) \
+                if isinstance(explanation, Exception) else _record(rows[i], *explanation)
     return _uniform(records), sum(lengths)
 
 
@@ -271,11 +269,13 @@ def _explain_rows(model, tokenizer, rows: list[Row], job: _Job) -> list[tuple]:
             for place, (row, e) in enumerate(zip(rows, results))]
 
 
-def _named(message: str, place: int, row: int) -> str:
-    """A warning about the text at ``place`` of a batch, said of the row: ``input 3 has ...`` -> ``row 1042 has
-    ...``; other messages get ``row 1042:`` in front."""
+def _named(message: str, place: int, row: int, always: bool = True) -> str:
+    """A message about the text at ``place`` of a batch, said of the row: ``input 3 has ...`` -> ``row 1042 has
+    ...``; other messages get ``row 1042:`` in front (``always=False``: are left as they are)."""
     batch = f"input {place} "
-    return f"row {row} {message[len(batch):]}" if message.startswith(batch) else f"row {row}: {message}"
+    if message.startswith(batch):
+        return f"row {row} {message[len(batch):]}"
+    return f"row {row}: {message}" if always else message
 
 
 def _record(row: Row, e, warned: list[str]) -> dict:
@@ -321,35 +321,7 @@ def _write_atomically(parquet, records: list[dict], file: Path) -> None:
     os.replace(temporary, file)  # a shard file is either whole or absent
 
 
-# ---- the run: processes, manifest, progress -----------------------------------------------------------------------
-
-def _process() -> tuple[int, int]:
-    """(rank, world size): from torch.distributed when initialised, else from torchrun's environment."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-
-
-def _join_processes(model) -> bool:
-    """Under torchrun / accelerate launch (WORLD_SIZE > 1) without a process group yet: create one (gloo for a
-    model on CPU, nccl on CUDA); True if this call created it (and so destroys it at the end)."""
-    import torch.distributed as dist
-
-    if int(os.environ.get("WORLD_SIZE", 1)) <= 1 or not dist.is_available() or dist.is_initialized():
-        return False
-    device = next(model.parameters()).device
-    dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
-    return True
-
-
-def _barrier() -> None:
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
-
+# ---- the run: manifest, progress -------------------------------------------------------------------------------------
 
 def _check_manifest(folder: Path, settings: dict, rank: int) -> None:
     """Refuse a folder made with other settings (:func:`normx.bulk.manifest.differences`, the model included); record
@@ -358,17 +330,17 @@ def _check_manifest(folder: Path, settings: dict, rank: int) -> None:
     old = folder / OLD_MANIFEST
     if old.exists() and not file.exists() and rank == 0:  # a folder from before the rename: resumed as it is
         os.replace(old, file)
-    _barrier()
+    processes.barrier()
     stored = manifest.read(folder)
     if stored:
         manifest.refuse(folder, manifest.differences(stored.get("settings", {}), settings))
-    _barrier()  # every process has read it before it changes
+    processes.barrier()  # every process has read it before it changes
     if rank == 0 and stored.get("settings") != manifest.plain(settings):
         manifest.write(file, {"settings": settings, "complete": False})
 
 
 def _finish(folder: Path, settings: dict, run: AttributionRun, parquet) -> None:
-    _barrier()
+    processes.barrier()
     if run.rank != 0:
         return
     files = sorted(folder.glob("shard-*.parquet"))
