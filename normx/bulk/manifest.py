@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 
 from normx.core.inputs import positive_int
-from normx.data.rows import fingerprint, iter_rows
+from normx.data.rows import check_source, fingerprint, iter_rows
 from normx.errors import InvalidInputError
 from normx.models.identity import describe
 
@@ -38,6 +38,8 @@ def check_run(source, out, *, method: str = "normxlogit", target=None, layer=Non
     positive_int(shard_size, "shard_size")
     if fingerprint(source) is not None:  # a file: its columns are read now (a hub dataset is read when the run starts)
         next(iter_rows(source, text_column, pair_column, limit=1, errors="record"), None)
+    else:
+        check_source(source)
     settings = {"model": None, "method": method, "target": target, "layer": layer, "options": options,
                 "source": str(source), "data": fingerprint(source), "text_column": text_column,
                 "pair_column": pair_column, "limit": limit, "shard_size": shard_size}

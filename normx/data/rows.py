@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,24 +102,37 @@ def _columns(source, record: dict, text_column: str | None, pair_column: str | N
 
 
 _FINGERPRINTS: dict[tuple, dict] = {}  # (path, size, mtime, inode, device) -> fingerprint, for this process
+_SETTLED = 2.0
 
 
 def fingerprint(source) -> dict | None:
-    """The content of the data file ``source``: ``{"bytes": size, "sha256": hex digest}`` (the file read once per
-    process while its size, time and inode stay); None for a hub dataset id, whose content is not checked."""
+    """The content of the data file ``source``: ``{"bytes": size, "sha256": hex digest}``; None for a hub dataset id,
+    whose content is not checked. A file last changed more than :data:`_SETTLED` seconds before it was read is read
+    once per process while its size, time and inode stay (a file changed within a clock tick of its read could
+    keep its time: it is read again)."""
     path = Path(str(source)).expanduser()
     if not path.is_file():
         return None
     stat = path.stat()
     key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns, stat.st_ino, stat.st_dev)
-    if key not in _FINGERPRINTS:
-        digest = hashlib.sha256()
-        with open(path, "rb") as handle:
-            while chunk := handle.read(1 << 20):
-                digest.update(chunk)
+    if key in _FINGERPRINTS:
+        return dict(_FINGERPRINTS[key])
+    started = time.time()
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    found = {"bytes": stat.st_size, "sha256": digest.hexdigest()}
+    if started - stat.st_mtime_ns / 1e9 > _SETTLED:
         _FINGERPRINTS.clear()
-        _FINGERPRINTS[key] = {"bytes": stat.st_size, "sha256": digest.hexdigest()}
-    return dict(_FINGERPRINTS[key])
+        _FINGERPRINTS[key] = found
+    return dict(found)
+
+
+def check_source(source) -> None:
+    """Raise :class:`InvalidInputError` for a ``source`` that is neither a data file normx reads nor a hub dataset id
+    (no file at a path, another suffix); reads nothing."""
+    _records(source).close()
 
 
 def _records(source) -> Iterator[tuple[int, dict]]:

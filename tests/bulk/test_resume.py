@@ -140,6 +140,8 @@ def test_the_command_line_refuses_a_resume_before_it_loads_the_model(model, tmp_
         assert said in capsys.readouterr().err
     write_tsv(data, TEXTS[1:7])
     assert main(args) == 2 and "the data differ" in capsys.readouterr().err
+    args[4] = str(tmp_path / "missing.tsv")
+    assert main(args) == 2 and "no data file at" in capsys.readouterr().err
 
 
 def test_show_names_a_missing_folder(tmp_path, capsys):
