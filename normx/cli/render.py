@@ -46,7 +46,7 @@ def render_table(explanation: Explanation, color: bool = True, max_columns: int 
     reading = reading_of(explanation)
     scales = [scale_for(explanation, [v], reading) for v in values]  # the shared rule (special tokens excluded)
     unit = explanation.unit
-    shown = [_shown(explanation, k) for k in range(len(explanation.tokens))]
+    shown = explanation.texts
     width = max([len(unit)] + [len(t) for t in shown]) + 2
     col_width = max([10] + [len(n) + 2 for n in names])
     lines = [summary(explanation), ""]
@@ -87,15 +87,6 @@ def _reading(explanation: Explanation) -> str:
         return "Red: pushes toward the label; purple: away from it; stronger = larger |score|."
     return ("Scores are relative (a logit times a norm: their zero means nothing): compare tokens, not signs; darker "
             "= higher. For toward / away, explain with --foil LABEL (a contrast of two labels is signed).")
-
-
-def _shown(explanation: Explanation, k: int) -> str:
-    """A unit as the text it covers; special tokens (and units without a span) as the token itself."""
-    start, end = explanation.offsets[k]
-    source = {0: explanation.text, 1: explanation.text_pair}.get(explanation.segments[k])
-    if explanation.special[k] or source is None or end <= start:
-        return explanation.tokens[k]
-    return source[start:end].strip() or explanation.tokens[k]
 
 
 def _column_name(explanation: Explanation, i: int, j: int) -> str:

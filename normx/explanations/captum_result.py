@@ -45,11 +45,11 @@ def generation_result(generation, layer: int | None = None,
     j = generation.layer_index(layer)
     skip = _skipped(skip_tokens)
     keep = [i for i in range(generation.prompt_length)
-            if generation.token_ids[i] not in skip and generation.tokens[i] not in skip]
+            if generation.token_ids[i] not in skip and generation.vocabulary_tokens[i] not in skip]
     token_attr = torch.from_numpy(np.ascontiguousarray(generation.scores[j][:, keep], dtype=np.float32))
     return _result_class()(
-        input_tokens=[generation.tokens[i] for i in keep],
-        output_tokens=[text.replace("\n", "\\n").strip() for text in generation.texts[generation.prompt_length:]],
+        input_tokens=[generation.vocabulary_tokens[i] for i in keep],
+        output_tokens=[text.replace("\n", "\\n").strip() for text in generation.tokens[generation.prompt_length:]],
         seq_attr=token_attr.sum(0), token_attr=token_attr,
         output_probs=torch.from_numpy(np.asarray(generation.probabilities, dtype=np.float32)))
 

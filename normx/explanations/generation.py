@@ -139,7 +139,8 @@ def _explained(plan: Plan, tokenizer, sequences: list[tuple[str, list[int], list
                 "max_new_tokens": request["max_new_tokens"], "reading": plan.method.reading_for(plan.options),
                 "label_dependent": plan.method.label_dependent, "teacher_forcing": request["teacher_forcing"],
                 "gen_args": request["gen_args"], **model_settings(plan.handle), **plan.options}
-    return [Generation(prompt=prompt, text=item.text, token_ids=list(item.ids), tokens=list(item.tokens),
+    return [Generation(prompt=prompt, text=item.text, token_ids=list(item.ids),
+                       vocabulary_tokens=list(item.tokens),
                        offsets=list(item.offsets), special=list(item.special), prompt_length=length, scores=s,
                        probabilities=p, predictions=q, layers=list(plan.layers), method=plan.method.name,
                        settings=settings, family=plan.adapter.family, alternatives=a, diagnostics=d)

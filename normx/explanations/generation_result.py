@@ -16,8 +16,10 @@ from normx.models import HeadKind
 class Generation:
     """A prompt, what the model wrote after it, and why, step by step.
 
-    ``tokens`` / ``token_ids`` are the prompt's tokens then the output's (as the model read them: the prompt after
-    the chat template, if one was applied). Step ``t`` is the generated token at index ``p = prompt_length + t``;
+    ``tokens`` are the prompt's tokens then the output's as the text each stands for (``" Paris"``, ``"\\n"``),
+    ``vocabulary_tokens`` the same tokens as the tokenizer spells them (``"ĠParis"``, ``"Ċ"``) and ``token_ids``
+    their ids (as the model read them: the prompt after the chat template, if one was applied); every view (``top``,
+    the repr, the CLI, the JSON) shows ``tokens``. Step ``t`` is the generated token at index ``p = prompt_length + t``;
     ``scores[j, t, :p]`` are its scores at layer ``layers[j]`` for the positions ``0 .. p-1`` before it, and
     ``scores[j, t, p:]`` are NaN. ``probabilities[t]`` is the model's probability of that token given the tokens
     before it; ``predictions[t]`` the vocabulary id it ranked first there (the token itself under greedy decoding),
@@ -27,7 +29,7 @@ class Generation:
     prompt: str
     text: str  # the whole sequence, decoded
     token_ids: list[int]
-    tokens: list[str]
+    vocabulary_tokens: list[str]  # the tokenizer's spelling ("ĠParis"); ``tokens`` is the text (" Paris")
     offsets: list[tuple[int, int]]  # character spans of the tokens in ``text``
     special: list[bool]
     prompt_length: int
@@ -45,10 +47,11 @@ class Generation:
     diagnostics: dict[str, list[float]] = field(default_factory=dict)
 
     def __post_init__(self):
-        expected = (len(self.layers), self.steps, len(self.tokens))
+        expected = (len(self.layers), self.steps, len(self.vocabulary_tokens))
         if tuple(self.scores.shape) != expected:
             raise ValueError(f"scores has shape {tuple(self.scores.shape)}, expected {expected}")
-        if not 0 <= self.prompt_length <= len(self.tokens) or len(self.token_ids) != len(self.tokens):
+        if not 0 <= self.prompt_length <= len(self.vocabulary_tokens) or \
+                len(self.token_ids) != len(self.vocabulary_tokens) or len(self.offsets) != len(self.token_ids):
             raise ValueError("prompt_length and token_ids must fit the tokens")
 
     def __eq__(self, other) -> bool:
@@ -66,7 +69,7 @@ class Generation:
         lines = [f"Generation({self.method}, {self.steps} generated tokens after a {self.prompt_length}-token prompt, "
                  f"layer {self.layers[-1]}: {self.continuation!r}"]
         shown = min(self.steps, 8)
-        texts = self.texts
+        texts = self.tokens
         for t in range(shown):
             top = ", ".join(f"{texts[i]!r} {score:+.3g}" for i, _, score in self.top(t))
             lines.append(f"  step {t} {texts[self.prompt_length + t]!r} p={float(self.probabilities[t]):.3f}"
@@ -79,19 +82,25 @@ class Generation:
     @property
     def steps(self) -> int:
         """The number of generated tokens."""
-        return len(self.tokens) - self.prompt_length
+        return len(self.vocabulary_tokens) - self.prompt_length
+
+    @property
+    def tokens(self) -> list[str]:
+        """Each token as the text it stands for (``" Paris"``, ``"\\n"``: the tokenizer's own decoding, not its
+        vocabulary spelling ``"ĠParis"``, which is :attr:`vocabulary_tokens`); special tokens as their token
+        (``"<s>"``)."""
+        return [token if special or end <= start else self.text[start:end]
+                for token, (start, end), special in zip(self.vocabulary_tokens, self.offsets, self.special)]
 
     @property
     def texts(self) -> list[str]:
-        """Each token as the text it stands for (``" Paris"``, ``"\\n"``: the tokenizer's own decoding, not its
-        vocabulary spelling ``"ĠParis"``); special tokens as their token (``"<s>"``)."""
-        return [token if special or end <= start else self.text[start:end]
-                for token, (start, end), special in zip(self.tokens, self.offsets, self.special)]
+        """The same as :attr:`tokens` (its earlier name)."""
+        return self.tokens
 
     @property
     def generated(self) -> list[int]:
         """The indices of the generated tokens in ``tokens``."""
-        return list(range(self.prompt_length, len(self.tokens)))
+        return list(range(self.prompt_length, len(self.token_ids)))
 
     @property
     def continuation(self) -> str:
@@ -118,20 +127,24 @@ class Generation:
         return [self.scores[j, t, :p] for t, p in enumerate(self.generated)]
 
     def top(self, step: int, k: int = 3, layer: int | None = None) -> list[tuple[int, str, float]]:
-        """The ``k`` tokens generated token ``step`` drew on most: ``(index, token, score)``, highest score first."""
+        """The ``k`` tokens generated token ``step`` drew on most: ``(index, token, score)``, highest score first;
+        the token as the text it stands for (:attr:`tokens`)."""
         t = self.step_index(step)
         row = self.rows(layer)[t]
         order = np.argsort(-row, kind="stable")[:k]
-        return [(int(i), self.tokens[i], float(row[i])) for i in order]
+        tokens = self.tokens
+        return [(int(i), tokens[i], float(row[i])) for i in order]
 
     def step(self, step: int) -> Explanation:
         """Generated token ``step`` as an :class:`Explanation` of the tokens before it, with that token as the
-        target: what ``normx.explain`` gives on that prefix with ``target=`` the token (every layer computed)."""
+        target: what ``normx.explain`` gives on that prefix with ``target=`` the token (every layer computed), so
+        its ``tokens`` and label are in the vocabulary spelling, as an :class:`Explanation`'s are; its repr shows the
+        text (:attr:`Explanation.texts`)."""
         t = self.step_index(step)
         p = self.prompt_length + t
-        label = self.tokens[p]
+        label = self.vocabulary_tokens[p]
         return Explanation(
-            text=self.text[:self.offsets[p - 1][1]] if p else "", text_pair=None, tokens=self.tokens[:p],
+            text=self.text[:self.offsets[p - 1][1]] if p else "", text_pair=None, tokens=self.vocabulary_tokens[:p],
             offsets=self.offsets[:p], segments=[0] * p, special=self.special[:p],
             scores=np.ascontiguousarray(self.scores[:, t, :p][None]), labels=[label], layers=list(self.layers),
             prediction=self._prediction(t),
@@ -146,7 +159,8 @@ class Generation:
         if self.alternatives and self.alternatives[t]:
             return next(iter(self.alternatives[t]))
         token_id = self.predictions[t]
-        return next((token for tid, token in zip(self.token_ids, self.tokens) if tid == token_id), f"<id {token_id}>")
+        return next((token for tid, token in zip(self.token_ids, self.vocabulary_tokens) if tid == token_id),
+                    f"<id {token_id}>")
 
     # ---- display -------------------------------------------------------------------------------------------------
     def to_html(self) -> str:
@@ -170,14 +184,14 @@ class Generation:
         return generation_result(self, layer, skip_tokens)
 
     def to_dict(self) -> dict:
-        """Plain JSON data: ``tokens`` as the text each stands for (:attr:`texts`), ``vocabulary_tokens`` as the
+        """Plain JSON data: ``tokens`` as the text each stands for (:attr:`tokens`), ``vocabulary_tokens`` as the
         tokenizer spells them and ``token_ids``; ``scores`` has one row per generated token (the row of the token at
         index ``p`` has ``p`` entries, for positions 0..p-1) at the last requested layer; ``scores_by_layer`` every
         layer's."""
         by_layer = {str(layer): [_floats(row) for row in self.rows(layer)] for layer in self.layers}
         return {
-            "prompt": self.prompt, "text": self.text, "token_ids": list(self.token_ids), "tokens": self.texts,
-            "vocabulary_tokens": list(self.tokens),
+            "prompt": self.prompt, "text": self.text, "token_ids": list(self.token_ids), "tokens": self.tokens,
+            "vocabulary_tokens": list(self.vocabulary_tokens),
             "offsets": [list(o) for o in self.offsets], "special": list(self.special),
             "prompt_length": self.prompt_length, "generated": self.generated, "continuation": self.continuation,
             "scores": by_layer[str(self.layers[-1])], "probabilities": _floats(self.probabilities),
@@ -191,7 +205,7 @@ class Generation:
     @classmethod
     def from_dict(cls, data: dict) -> Generation:
         """The :class:`Generation` that :meth:`to_dict` wrote (``scores_by_layer``, or ``scores`` alone)."""
-        tokens, length = list(data.get("vocabulary_tokens", data["tokens"])), int(data["prompt_length"])
+        tokens, length = list(data.get("vocabulary_tokens", data["tokens"])), int(data["prompt_length"])  # spelled
         layers = [int(layer) for layer in data.get("layers", [0])]
         by_layer = data.get("scores_by_layer") or {str(layers[-1]): data["scores"]}
         scores = np.full((len(layers), len(tokens) - length, len(tokens)), np.nan, dtype=np.float32)
@@ -199,7 +213,8 @@ class Generation:
             for t, row in enumerate(by_layer[str(layer)]):
                 scores[j, t, :len(row)] = [np.nan if v is None else v for v in row]
         return cls(
-            prompt=data["prompt"], text=data["text"], token_ids=[int(i) for i in data["token_ids"]], tokens=tokens,
+            prompt=data["prompt"], text=data["text"], token_ids=[int(i) for i in data["token_ids"]],
+            vocabulary_tokens=tokens,
             offsets=[tuple(o) for o in data["offsets"]], special=[bool(s) for s in data["special"]],
             prompt_length=length, scores=scores,
             probabilities=np.array([np.nan if v is None else v for v in data["probabilities"]], dtype=np.float32),

@@ -53,6 +53,19 @@ class Explanation:
         """The labels are vocabulary tokens (masked- or causal-LM heads)."""
         return HeadKind(self.kind).vocabulary
 
+    @property
+    def texts(self) -> list[str]:
+        """Each unit as the text it covers (``"Paris"`` for the vocabulary's ``"ĠParis"``, ``"ing"`` for ``"##ing"``;
+        white space at its ends removed), special tokens and units without a span as the token itself: what the
+        repr and the command line show (``tokens`` keeps the tokenizer's spelling, as the JSON does)."""
+        sources = {0: self.text, 1: self.text_pair}
+        out = []
+        for token, (start, end), segment, special in zip(self.tokens, self.offsets, self.segments, self.special):
+            source = sources.get(segment)
+            covered = "" if special or source is None or end <= start else source[start:end].strip()
+            out.append(covered or token)
+        return out
+
     def __post_init__(self):
         expected = (len(self.labels), len(self.layers), len(self.tokens))
         if tuple(self.scores.shape) != expected:
@@ -133,7 +146,7 @@ class Explanation:
         head += "" if p is None else f" (p={p:.3f})"
         more = f"; {len(self.labels)} labels x {len(self.layers)} layers in .scores" \
             if len(self.labels) > 1 or len(self.layers) > 1 else ""
-        return f"Explanation({head}{more}:\n  {token_line(self.tokens, self.token_scores())})"
+        return f"Explanation({head}{more}:\n  {token_line(self.texts, self.token_scores())})"
 
     @classmethod
     def from_dict(cls, data: dict) -> Explanation:

@@ -42,7 +42,7 @@ def test_generation_as_captums_result(llama):
     result = g.to_captum()
     assert isinstance(result, captum_attr.LLMAttributionResult)
     n = g.prompt_length
-    assert result.input_tokens == g.tokens[:n] and result.output_tokens == [t.strip() for t in g.texts[n:]]
+    assert result.input_tokens == g.vocabulary_tokens[:n] and result.output_tokens == [t.strip() for t in g.tokens[n:]]
     want = np.stack([row[:n] for row in g.rows()])  # each generated token's scores over the prompt only
     np.testing.assert_array_equal(result.token_attr.numpy(), want)
     np.testing.assert_allclose(result.seq_attr.numpy(), want.sum(0), rtol=1e-6)
@@ -71,10 +71,10 @@ def test_layers_and_skipped_tokens(llama):
     first = g.to_captum(layer=1)
     np.testing.assert_array_equal(first.token_attr.numpy(), g.scores[g.layer_index(1), :, :g.prompt_length])
     assert not np.array_equal(first.token_attr.numpy(), g.to_captum().token_attr.numpy())
-    assert g.tokens[0] == "<s>"
+    assert g.vocabulary_tokens[0] == "<s>"
     for skip in (["<s>"], [g.token_ids[0]]):
         result = g.to_captum(skip_tokens=skip)
-        assert result.input_tokens == g.tokens[1:g.prompt_length]
+        assert result.input_tokens == g.vocabulary_tokens[1:g.prompt_length]
         np.testing.assert_array_equal(result.token_attr.numpy(), g.scores[-1, :, 1:g.prompt_length])
     with pytest.raises(InvalidInputError, match="skip_tokens"):
         g.to_captum(skip_tokens="<s>")

@@ -60,7 +60,7 @@ def test_greedy_generation_is_the_models_own_generate(llama):
                               pad_token_id=tok.pad_token_id)[0].tolist()
     assert g.token_ids == want and g.prompt_length == ids.shape[1]
     assert g.predictions == g.token_ids[g.prompt_length:]  # greedy: each token was the model's first choice
-    assert g.settings["teacher_forcing"] is False and g.tokens == tok.convert_ids_to_tokens(want)
+    assert g.settings["teacher_forcing"] is False and g.vocabulary_tokens == tok.convert_ids_to_tokens(want)
 
 
 @pytest.mark.parametrize("method", ["normxlogit", "logat", "l2norm", "gradient_x_input", "integrated_gradients",
@@ -78,7 +78,7 @@ def test_each_step_equals_explain_on_its_prefix(llama, method):
         p = g.prompt_length + t
         prefix = tok.decode(g.token_ids[:p], skip_special_tokens=True)
         want = normx.explain(model, tok, prefix, method=method, target=g.token_ids[p], layer=layer, **options)
-        assert want.tokens == step.tokens and want.labels == step.labels == [g.tokens[p]]
+        assert want.tokens == step.tokens and want.labels == step.labels == [g.vocabulary_tokens[p]]
         np.testing.assert_allclose(step.scores, want.scores, rtol=1e-4, atol=1e-5 * max(1, np.abs(want.scores).max()))
         assert step.probabilities == pytest.approx(want.probabilities, rel=1e-4, abs=1e-7)  # top tokens + its own
         assert step.prediction == want.prediction
@@ -102,7 +102,7 @@ def test_layers_and_the_json_schema(llama):
     assert data["prompt_length"] == g.prompt_length and data["generated"] == g.generated
     assert [len(row) for row in data["scores"]] == g.generated  # the row of the token at index p has p entries
     assert len(data["probabilities"]) == 3 and data["token_ids"] == g.token_ids and data["tokens"] == g.texts
-    assert data["vocabulary_tokens"] == g.tokens
+    assert data["vocabulary_tokens"] == g.vocabulary_tokens and g.texts == g.tokens
     assert set(data["scores_by_layer"]) == {str(layer) for layer in range(len(model.model.layers) + 1)}
     back = Generation.from_dict(data)
     np.testing.assert_allclose(back.scores, g.scores, rtol=1e-6, equal_nan=True)
@@ -156,7 +156,7 @@ def test_smollm2_chat_rows_are_its_own_logits_times_the_input_norms():
     except normx.ModelLoadError as exc:
         pytest.skip(f"the smollm2 preset does not load here: {exc}")
     g = normx.explain_generation(model, tok, "Name a colour.", chat=True, max_new_tokens=8)
-    assert g.tokens[:g.prompt_length][-3:] == tok.convert_ids_to_tokens(
+    assert g.vocabulary_tokens[:g.prompt_length][-3:] == tok.convert_ids_to_tokens(
         tok(tok.apply_chat_template([{"role": "user", "content": "Name a colour."}], tokenize=False,
                                     add_generation_prompt=True), add_special_tokens=False)["input_ids"])[-3:]
     check_against_own_outputs(model, g)
@@ -182,18 +182,43 @@ def test_generations_compare_and_read_as_text():
     text = repr(g)
     assert text.startswith("Generation(normxlogit, 3 generated tokens") and "step 2" in text and "array" not in text
     e = g.step(0)
-    assert "array" not in repr(e) and repr(e).startswith("Explanation(normxlogit") and e.tokens[1] in repr(e)
+    assert "array" not in repr(e) and repr(e).startswith("Explanation(normxlogit") and e.texts[1] in repr(e)
 
 
 def test_tokens_read_as_text_and_a_steps_text_round_trips_through_explain():
     model, tokenizer = tiny.build("LlamaForCausalLM")  # byte-level BPE: "Ġfilm" in the vocabulary, a <s> prefix
     g = normx.explain_generation(model, tokenizer, "the film was", max_new_tokens=3)
-    assert g.tokens[0] == "<s>" and g.texts[0] == "<s>" and not g.text.startswith("<s>")  # not part of the text
-    assert any(t.startswith("Ġ") for t in g.tokens) and not any("Ġ" in t for t in g.texts)
-    assert "".join(g.texts[1:]) == g.text and g.to_dict()["tokens"] == g.texts  # the JSON reads as text too
+    assert g.vocabulary_tokens[0] == "<s>" and g.tokens[0] == "<s>" and not g.text.startswith("<s>")  # no text
+    assert any(t.startswith("Ġ") for t in g.vocabulary_tokens) and not any("Ġ" in t for t in g.tokens)
+    assert "".join(g.tokens[1:]) == g.text and g.to_dict()["tokens"] == g.tokens  # the JSON reads as text too
     first = g.step(0)
     assert first.text == "the film was"
     again = normx.explain(model, tokenizer, first.text, target=g.token_ids[g.prompt_length])
     assert again.tokens == first.tokens  # one <s>, not two
     np.testing.assert_allclose(again.scores[0, -1], first.scores[0, -1], rtol=1e-4, atol=1e-5)
     assert "Ġ" not in repr(g)
+
+
+def test_every_python_view_of_a_generation_reads_as_text():
+    """#43: ``g.tokens``, ``g.top()``, ``repr(g)``, ``repr(g.step(t))`` and the JSON all give the text a token stands
+    for (" film", not "Ġfilm"); the tokenizer's spelling is ``vocabulary_tokens`` (the JSON's field of that name);
+    ``g.step(t)`` stays what normx.explain gives on the prefix, its repr as text too."""
+    model, tokenizer = tiny.build("LlamaForCausalLM")  # byte-level BPE
+    g = normx.explain_generation(model, tokenizer, "the film was good", max_new_tokens=3)
+    spelled = tokenizer.convert_ids_to_tokens(g.token_ids)
+    assert g.vocabulary_tokens == spelled and any(t.startswith("Ġ") for t in spelled)
+    assert g.tokens == [t if i == 0 else tokenizer.decode(g.token_ids[:i + 1], skip_special_tokens=True)[
+        len(tokenizer.decode(g.token_ids[:i], skip_special_tokens=True)):] for i, t in enumerate(spelled)]
+    assert "Ġf" in spelled and " f" in g.tokens and "Ġf" not in g.tokens  # " film" is " f" "il" "m" here
+    for t in range(g.steps):
+        for index, token, _ in g.top(t, k=4):
+            assert token == g.tokens[index] and "Ġ" not in token
+    step = g.step(0)
+    assert step.tokens == spelled[:g.prompt_length]  # an Explanation, as normx.explain's on the prefix ...
+    assert step.texts == [t.strip() for t in g.tokens[:g.prompt_length]]  # ... read as text
+    assert "Ġ" not in repr(step).split("\n", 1)[1]
+    assert "Ġ" not in repr(g)
+    data = g.to_dict()
+    assert data["tokens"] == g.tokens and data["vocabulary_tokens"] == g.vocabulary_tokens
+    back = Generation.from_dict(data)
+    assert back == g and back.tokens == g.tokens and back.vocabulary_tokens == spelled

@@ -319,7 +319,8 @@ def test_causal_lm_continuation(cache, calls, monkeypatch):
     assert g.token_ids == want
     for t, explanation in enumerate(state.steps):
         p = g.prompt_length + t
-        assert explanation.layers == [0, 1, 2] and explanation.labels == [g.tokens[p]] == [explanation.prediction]
+        assert explanation.layers == [0, 1, 2]
+        assert explanation.labels == [g.vocabulary_tokens[p]] == [explanation.prediction]
         alone = normx.explain(model, tokenizer, tokenizer.decode(g.token_ids[:p], skip_special_tokens=True),
                               layer="all", target=g.token_ids[p])
         if alone.tokens == explanation.tokens:  # byte-level pieces may not decode and re-encode to the same ids
