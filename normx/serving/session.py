@@ -93,11 +93,12 @@ def _copy(state: PageState) -> PageState:
                    contrast=dict(state.contrast))
 
 
-def check_inputs(text: str, pair: str | None, tokenizer, limit: int = MAX_TOKENS
+def check_inputs(text: str, pair: str | None, tokenizer, limit: int = MAX_TOKENS, command: str = "normx explain"
                  ) -> tuple[str, str | None, int, list[str]]:
     """The text, the pair (``None`` if empty), their token count and the notices of what was cut: a text over the
     demo's caps (:data:`MAX_CHARS` per box, ``limit`` tokens in all: :data:`MAX_TOKENS` or the model's own, if
-    smaller) is cut at a word boundary to fit, and a notice says so, with the limits. Raises
+    smaller) is cut at a word boundary to fit, and a notice says so, with the limits and the ``command`` that takes
+    the model's whole limit (``normx generate`` for a causal LM). Raises
     :class:`normx.InvalidInputError` for what cannot be explained."""
     for name, value in (("text", text), ("second text", pair)):
         if value is not None and not isinstance(value, str):
@@ -127,7 +128,7 @@ def check_inputs(text: str, pair: str | None, tokenizer, limit: int = MAX_TOKENS
         after = text if name == "text" else pair
         notices.append(f"The {name} has {before:,} characters; this demo explains at most {MAX_CHARS:,} characters "
                        f"per box and {limit} tokens in all, so it explains the first {len(after):,} (up to "
-                       f"“…{after[-30:]}”). `normx explain` takes the model's whole limit.")
+                       f"“…{after[-30:]}”). `{command}` takes the model's whole limit.")
     return text, pair, count, notices
 
 
@@ -204,9 +205,11 @@ def explain_request(cache, model_name: str, text: str, pair: str | None = None,
         loading(0, desc=f"loading {model_name} (first use: this can take a minute)")
     model, tokenizer = cache.get(model_name)
     limit = min(MAX_TOKENS, max_input_length(tokenizer, model_handle(model)))
-    if get_adapter(model).kind is HeadKind.CAUSAL_LM:
+    causal = get_adapter(model).kind is HeadKind.CAUSAL_LM
+    if causal:
         limit = max(1, limit - int(steps or 1))  # room for the continuation
-    text, pair, tokens, notices = check_inputs(text, pair, tokenizer, limit)
+    text, pair, tokens, notices = check_inputs(text, pair, tokenizer, limit,
+                                               "normx generate" if causal else "normx explain")
     key = (model_name, text, pair, method, int(steps or 1))
     found = None if results is None else results.get(key)
     if found is not None:
