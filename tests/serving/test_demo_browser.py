@@ -170,8 +170,9 @@ def test_unsigned_methods_long_pastes_and_errors_in_the_browser(page, url):
     styles = [u.get_attribute("style") or "" for u in view.locator(".normx-unit").all()]
     assert all("239,68,60" not in s and "128,90,213" not in s for s in styles)  # no red / purple
     assert any("rgba(230,150,0" in s for s in styles)  # one colour
-    page.get_by_role("tab", name="Contrast").click()
-    playwright.expect(page.locator("#normx-contrast")).to_contain_text("No contrast")
+    page.get_by_role("tab", name="Contrast").click()  # gradient norms depend on the label: a signed A − B
+    playwright.expect(page.locator("#normx-contrast")).to_contain_text("contrast: ")
+    playwright.expect(page.locator("#normx-contrast")).not_to_contain_text("No contrast")
     page.get_by_role("tab", name="Per label").click()
     method.click()
     method.fill("normxlogit")
@@ -221,5 +222,72 @@ def test_generate_view_in_the_browser(browser):
             playwright.expect(tokens.first).to_be_visible()
             shown = "".join(tokens.all_inner_texts())
             assert "capital" in shown and "France" in shown  # the step's view covers the prompt before it
+        finally:
+            context.close()
+
+
+def _choose_method(page, name: str) -> None:
+    method = page.locator("#normx-method input")
+    method.click()
+    method.fill(name)
+    page.get_by_role("option", name=name).click()
+
+
+def test_contrast_cached_answers_and_short_errors_in_the_browser(page, url):
+    """Before the first answer there is no layer slider; Gradient×Input (label-dependent magnitudes) has a contrast,
+    predicted label first; the same request again says it came from the cache; a 3,000-character model name comes
+    back as a short error."""
+    page.goto(url, wait_until="domcontentloaded")
+    playwright.expect(page.locator("#normx-explain")).to_be_visible()
+    playwright.expect(page.locator("#normx-layer")).to_be_hidden()
+    _choose_method(page, "gradient_x_input")
+    page.locator("#normx-text textarea").fill("an unflinching, sober and patient film")
+    page.locator("#normx-explain").click()
+    prediction = page.locator("#normx-prediction")
+    playwright.expect(prediction).to_contain_text("answered in", timeout=TIMEOUT_MS)
+    predicted = re.search(r"Prediction: (\w+)", prediction.inner_text()).group(1)
+    page.get_by_role("tab", name="Contrast").click()
+    contrast = page.locator("#normx-contrast")
+    playwright.expect(contrast).to_contain_text(f"contrast: {predicted} − ")
+    playwright.expect(contrast).not_to_contain_text("No contrast")
+    playwright.expect(contrast.locator(".normx-unit").first).to_be_visible()
+    page.get_by_role("tab", name="Per label").click()
+
+    page.locator("#normx-explain").click()  # the same request: answered from the server's cache
+    playwright.expect(prediction).to_contain_text("answered from this server's cache")
+    playwright.expect(prediction).not_to_contain_text("answered in")
+
+    model = page.locator("#normx-model input")
+    model.fill("./" + "/".join(["x" * 199] * 15))  # 3,000 characters (each part under the file system's 255)
+    model.press("Enter")
+    page.locator("#normx-explain").click()
+    toast = page.get_by_text("no model folder").first
+    playwright.expect(toast).to_be_visible()
+    message = toast.inner_text()
+    assert len(message) < 400 and "x" * 50 not in message and "characters)" in message, message
+
+
+def test_line_break_tokens_are_visible_in_the_browser(browser):
+    """A byte-level tokenizer's '\\n' token is a unit of the text: shown as ⏎, not as an invisible line break."""
+    import tiny
+
+    from normx.serving import server as serving
+
+    cache = serving.ModelCache()
+    cache.put("tiny-lm", *tiny.build("LlamaForCausalLM"))
+    with serve(app.build_demo(cache=cache, default_model="tiny-lm", locked=False)) as address:
+        context = browser.new_context(viewport={"width": 1400, "height": 1000})
+        page = context.new_page()
+        page.set_default_timeout(TIMEOUT_MS)
+        try:
+            page.goto(address, wait_until="domcontentloaded")
+            page.locator("#normx-text textarea").fill("the film\nwas")
+            page.locator("#normx-explain").click()
+            playwright.expect(page.locator("#normx-prediction")).to_contain_text("Greedy continuation")
+            units = page.locator("#normx-label-0 .normx-unit")
+            playwright.expect(units.first).to_be_visible()
+            shown = units.all_inner_texts()
+            assert "⏎" in shown and not any(u and not u.strip() for u in shown), shown
+            playwright.expect(page.locator("#normx-prediction")).to_contain_text("the film⏎was")
         finally:
             context.close()
