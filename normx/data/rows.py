@@ -43,7 +43,7 @@ def iter_rows(source: str | Path, text_column: str | None = None, pair_column: s
               limit: int | None = None, errors: str = "raise") -> Iterator[Row]:
     """The rows of ``source`` (a file, or a hub dataset id as ``NAME[:CONFIG][@SPLIT]``), in order, at most
     ``limit``. ``pair_column=""`` reads single texts even where a pair column exists. A row that cannot be read
-    (undecodable bytes, a malformed line, no text in the column) raises :class:`InvalidInputError` naming
+    (a blank line, undecodable bytes, a malformed line, no text in the column) raises :class:`InvalidInputError` naming
     ``file:line``, or with ``errors="record"`` is yielded as a :class:`Row` with that message in ``error``."""
     if errors not in ERRORS:
         raise InvalidInputError(f"errors={errors!r} is not allowed; use one of {ERRORS}")
