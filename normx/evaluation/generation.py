@@ -23,7 +23,7 @@ the tokens' positions (1: the recency ranking itself), how much of a ranking is 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -36,6 +36,8 @@ from normx.evaluation.faithfulness.metrics import K_VALUES, aopc
 from normx.evaluation.faithfulness.perturbation import MODES, Item, perturb, ranking
 from normx.explanations.generation import explain_generation
 
+# rows computed elsewhere: a function of the protocol's generations, or explained generations (``rows()``)
+SuppliedRows = Callable[[list], Sequence[Sequence[np.ndarray]]] | Sequence
 DEFAULT_METHODS = ("normxlogit", "gradient_x_input", "integrated_gradients", "attention", "norm_attention", "recency",
                    "random")
 
@@ -79,7 +81,8 @@ class GenerationFaithfulness:
 def generation_faithfulness(model, tokenizer, prompts: Sequence[str], methods: Sequence[str] = DEFAULT_METHODS, *,
                             max_new_tokens: int = 8, method_options: Mapping[str, Mapping] | None = None,
                             batch_size: int = 32, progress: bool = True, keep_recent: int | None = None,
-                            min_far: int = 4, ks: Sequence[float] | None = None) -> GenerationFaithfulness:
+                            min_far: int = 4, ks: Sequence[float] | None = None,
+                            rows: Mapping[str, SuppliedRows] | None = None) -> GenerationFaithfulness:
     """Generate greedily after each prompt once, explain every step with each method (the same ids), and measure
     the AOPC of each method's rankings (see the module docstring).
 
@@ -88,7 +91,14 @@ def generation_faithfulness(model, tokenizer, prompts: Sequence[str], methods: S
     {"method": "normxlogit", "layer": 15}}``). ``keep_recent``: also run the position-controlled protocol with
     that many tokens before the generated one held fixed (module docstring), on steps with ``min_far`` or more
     tokens before them. ``ks``: the ratios (default K = 10 ... 90 %; a coarser grid makes a cheaper AOPC, e.g. for
-    choosing settings)."""
+    choosing settings).
+
+    ``rows``: rankings computed elsewhere (another library's attributions), scored beside ``methods`` by the same
+    protocol on the same steps, each under its name (after the methods). A value is either a function given the
+    protocol's greedy generations (:class:`~normx.explanations.generation_result.Generation` objects: ``prompt``,
+    ``token_ids``, ``prompt_length``, ``steps``) that returns, per generation, one row per step (step t: a score for
+    each of the ``prompt_length + t`` tokens before the generated one), or a list of objects with ``token_ids`` and
+    ``rows()`` (e.g. :func:`normx.explain_generation`'s results), whose ids must be the protocol's."""
     from tqdm.auto import tqdm
 
     prompts = list(prompts)
@@ -99,9 +109,14 @@ def generation_faithfulness(model, tokenizer, prompts: Sequence[str], methods: S
         raise InvalidInputError(f"keep_recent must be a whole number >= 1 (tokens held fixed), got {keep_recent!r}")
     if isinstance(min_far, bool) or not isinstance(min_far, int) or min_far < 1:
         raise InvalidInputError(f"min_far must be a whole number >= 1, got {min_far!r}")
+    supplied = dict(rows or {})
+    both = sorted(set(supplied) & set(methods))
+    if both:
+        raise InvalidInputError(f"rows names {both}, which are also among methods; give each name once")
     options = {name: dict((method_options or {}).get(name, {})) for name in methods}
     registered = {name: options[name].pop("method", name) for name in methods}
     first = explain_generation(model, tokenizer, prompts, max_new_tokens=max_new_tokens)
+    given = {name: supplied_rows(name, value, first) for name, value in supplied.items()}
     targets = [g.token_ids[g.prompt_length:] for g in first]
     handle = model_handle(model)
     ks = tuple(k for k in K_VALUES if 0 < k < 1) if ks is None else tuple(float(k) for k in ks)
@@ -116,10 +131,13 @@ def generation_faithfulness(model, tokenizer, prompts: Sequence[str], methods: S
         [s for s, item in enumerate(originals) if len(item.ids) - keep_recent >= min_far]
     result = {"aopc": {}, "per_step": {}, "curves": {}}
     correlation = {}
-    for name in tqdm(methods, desc="methods", disable=not progress):
-        explained = explain_generation(model, tokenizer, prompts, method=registered[name], target=targets,
-                                       **options[name])
-        rows = [explained[i].rows()[t] for i, _, t in steps]
+    for name in tqdm([*methods, *given], desc="methods", disable=not progress):
+        if name in given:
+            by_prompt = given[name]
+        else:
+            by_prompt = [g.rows() for g in explain_generation(model, tokenizer, prompts, method=registered[name],
+                                                              target=targets, **options[name])]
+        rows = [by_prompt[i][t] for i, _, t in steps]
         orders = [ranking(row, item) for row, item in zip(rows, originals)]
         correlation[name] = _position_correlation(rows)
         variants, wanted = [], []
@@ -150,11 +168,45 @@ def generation_faithfulness(model, tokenizer, prompts: Sequence[str], methods: S
                 result["aopc"][name][prefix + mode] = float(np.mean(per_step)) if per_step else float("nan")
                 result["curves"][name][prefix + mode] = drops[part, m].mean(0).tolist() if per_step else []
     settings = {"max_new_tokens": max_new_tokens, "method_options": options, "methods_run": registered,
+                **({"supplied_rows": list(given)} if given else {}),
                 "perturbation": "delete", "model_class": handle.name, "keep_recent": keep_recent,
                 "min_far": min_far, "step_prompts": [i for i, _, _ in steps],
                 "ranking": "signed scores, descending; the token before the generated one is never deleted"}
-    return GenerationFaithfulness(list(methods), ks, len(prompts), len(steps), settings=settings, far_steps=len(far),
-                                  position_correlation=correlation, **result)
+    return GenerationFaithfulness([*methods, *given], ks, len(prompts), len(steps), settings=settings,
+                                  far_steps=len(far), position_correlation=correlation, **result)
+
+
+def supplied_rows(name: str, value, generations) -> list[list[np.ndarray]]:
+    """The rows given for ``name`` (see :func:`generation_faithfulness`'s ``rows``), checked against the
+    protocol's ``generations``: one row per step, row t with ``prompt_length + t`` finite scores, computed on the
+    protocol's ids."""
+    if callable(value):
+        given = value(list(generations))
+    else:
+        given = list(value)
+        if len(given) != len(generations):
+            raise InvalidInputError(f"rows[{name!r}] holds {len(given)} generations; the protocol has "
+                                    f"{len(generations)} prompts")
+        for i, (theirs, ours) in enumerate(zip(given, generations)):
+            if list(getattr(theirs, "token_ids", ())) != list(ours.token_ids):
+                raise InvalidInputError(f"rows[{name!r}], prompt {i}: computed on other ids than the protocol's "
+                                        f"greedy generation {list(ours.token_ids)}")
+        given = [g.rows() for g in given]
+    given = list(given)
+    if len(given) != len(generations):
+        raise InvalidInputError(f"rows[{name!r}] gave rows for {len(given)} generations; the protocol has "
+                                f"{len(generations)}")
+    out = []
+    for i, (by_step, g) in enumerate(zip(given, generations)):
+        by_step = [np.asarray(r, dtype=np.float64) for r in by_step]
+        if len(by_step) != g.steps or any(r.shape != (g.prompt_length + t,) for t, r in enumerate(by_step)):
+            raise InvalidInputError(
+                f"rows[{name!r}], prompt {i}: give one row per generated token ({g.steps}), row t with "
+                f"{g.prompt_length} + t scores; got rows of {[r.shape for r in by_step]}")
+        if not all(np.isfinite(r).all() for r in by_step):
+            raise InvalidInputError(f"rows[{name!r}], prompt {i}: the rows hold NaN or infinite scores")
+        out.append(by_step)
+    return out
 
 
 def _position_correlation(rows: Sequence[np.ndarray]) -> float:

@@ -130,3 +130,58 @@ def test_keep_recent_must_be_a_positive_count(bad):
     model, tok = tiny.build("LlamaForCausalLM")
     with pytest.raises(normx.InvalidInputError, match="keep_recent"):
         generation_faithfulness(model, tok, PROMPTS, ["recency"], keep_recent=bad, progress=False)
+
+
+@pytest.mark.parametrize("method", ["normxlogit", "gradient_x_input"])
+def test_supplied_rows_score_as_the_methods_own(method):
+    """Rows computed elsewhere are scored by the same protocol: a method's own rows, supplied as its explained
+    generations or returned by a function of the protocol's generations, give exactly its AOPC; other rows other
+    numbers (the rows are really read)."""
+    model, tok = tiny.build("LlamaForCausalLM")
+    first = normx.explain_generation(model, tok, PROMPTS, max_new_tokens=3)
+    explained = normx.explain_generation(model, tok, PROMPTS, method=method,
+                                         target=[g.token_ids[g.prompt_length:] for g in first])
+    seen = []
+
+    def computed(generations):
+        seen.extend(generations)
+        return [e.rows() for e in explained]
+
+    report = generation_faithfulness(model, tok, PROMPTS, [method], max_new_tokens=3, progress=False,
+                                     rows={"given": explained, "computed": computed})
+    assert report.steps == 6 and report.methods == [method, "given", "computed"]
+    assert [g.token_ids for g in seen] == [g.token_ids for g in first]  # the function got the protocol's steps
+    assert report.settings["supplied_rows"] == ["given", "computed"]
+    for mode in ("comprehensiveness", "sufficiency"):
+        assert report.per_step["given"][mode] == report.per_step[method][mode]
+        assert report.per_step["computed"][mode] == report.per_step[method][mode]
+        assert report.aopc["given"][mode] == report.aopc[method][mode]
+    shuffled = [[np.random.default_rng(t).permutation(r) for t, r in enumerate(e.rows())] for e in explained]
+    other = generation_faithfulness(model, tok, PROMPTS, [], max_new_tokens=3, progress=False,
+                                    rows={"shuffled": lambda generations: shuffled})
+    assert other.methods == ["shuffled"]
+    assert other.per_step["shuffled"] != report.per_step[method]
+
+
+def test_supplied_rows_for_other_ids_of_the_wrong_length_or_not_finite_are_refused():
+    model, tok = tiny.build("LlamaForCausalLM")
+    first = normx.explain_generation(model, tok, PROMPTS, max_new_tokens=3)
+    rows = [g.rows() for g in first]
+
+    def score(value, methods=()):
+        return generation_faithfulness(model, tok, PROMPTS, list(methods), max_new_tokens=3, progress=False,
+                                       rows={"external": value})
+
+    other = normx.explain_generation(model, tok, PROMPTS, max_new_tokens=2)
+    with pytest.raises(normx.InvalidInputError, match="other ids"):
+        score(other)
+    with pytest.raises(normx.InvalidInputError, match="one row per generated token"):
+        score(lambda generations: [[r[:-1] for r in prompt] for prompt in rows])
+    with pytest.raises(normx.InvalidInputError, match="one row per generated token"):
+        score(lambda generations: [prompt[:-1] for prompt in rows])
+    with pytest.raises(normx.InvalidInputError, match="for 1 generations"):
+        score(lambda generations: rows[:1])
+    with pytest.raises(normx.InvalidInputError, match="NaN"):
+        score(lambda generations: [[np.where(np.arange(len(r)) == 0, np.nan, r) for r in p] for p in rows])
+    with pytest.raises(normx.InvalidInputError, match="also among methods"):
+        score(first, methods=["external"])
