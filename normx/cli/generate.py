@@ -8,7 +8,7 @@ import os
 import sys
 
 from normx.cli.checks import check_layers, check_texts
-from normx.cli.options import add_output_flags, layer_spec, load, texts, write_text
+from normx.cli.options import add_output_flags, layer_spec, load, texts, write_page
 
 
 def add_parser(sub, heavy: bool) -> argparse.ArgumentParser:
@@ -61,7 +61,7 @@ def run(args) -> int:
     if args.html:
         from normx.explanations.html import page
 
-        write_text(args.html, page(results.to_html(), f"normx generate: {args.model}"))
+        write_page(args.html, page(results.to_html(), f"normx generate: {args.model}"))
     if args.json:
         for generation in results:
             print(json.dumps({"model": args.model, **generation.to_dict()}, ensure_ascii=False))

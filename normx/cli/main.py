@@ -11,7 +11,7 @@ import warnings
 
 from normx._version import __version__
 from normx.cli.checks import check_layers, check_texts
-from normx.cli.options import add_model_flags, add_output_flags, layer_spec, write_text
+from normx.cli.options import add_model_flags, add_output_flags, layer_spec, write_page
 from normx.cli.options import texts as read_texts
 from normx.errors import InputWarning, InvalidInputError, NormxError
 
@@ -233,7 +233,7 @@ def _write_html(args, results) -> None:
     if args.html:
         from normx.explanations.html import explanations_html, page
 
-        write_text(args.html, page(explanations_html(results), f"normx: {args.model}"))
+        write_page(args.html, page(explanations_html(results), f"normx: {args.model}"))
 
 
 def _known_labels(model: str) -> list[str] | None:

@@ -98,3 +98,11 @@ def write_text(path: str, text: str) -> Path:
     except OSError as exc:
         raise InvalidInputError(f"cannot write {path!r} ({exc.strerror or exc})") from None
     return file
+
+
+def write_page(path: str, html: str) -> Path:
+    """``--html FILE``: the page written (:func:`write_text`), and ``normx: wrote FILE`` said on standard error (so
+    that standard output stays the table or the JSON)."""
+    file = write_text(path, html)
+    print(f"normx: wrote {file} ({file.stat().st_size / 1024:.0f} KB)", file=sys.stderr)
+    return file

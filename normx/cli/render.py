@@ -66,27 +66,31 @@ def render_table(explanation: Explanation, color: bool = True, max_columns: int 
         left += [f"labels {', '.join(explanation.labels[i] for i in labels)}"] if labels else []
         lines.append(f"showing {len(columns)} of {len(every)} label x layer columns; left out: {'; '.join(left)} "
                      "(--json has them all)")
-    lines.append("* special token. " + _reading(explanation))
+    lines.append("* special token. " + _reading(explanation, color))
     lines.extend(f"warning: {w}" for w in explanation.warnings)
     return "\n".join(lines)
 
 
-def _reading(explanation: Explanation) -> str:
-    """How to read the scores and their colours, by how the method's scores read."""
+def _reading(explanation: Explanation, color: bool = True) -> str:
+    """How to read the scores, by how the method's scores read; their colours only where the table has them (piped
+    or ``--no-color`` output is read by the numbers and their signs)."""
     reading = reading_of(explanation)
     if explanation.regression:
         return ("Regression: scores are not signed support for a label (LogAt / NormXLogit: how far each token's "
-                "head output is from the prediction); darker = larger.")
+                "head output is from the prediction); " + ("darker = larger." if color else "larger = further."))
     if reading == "magnitude":
         dependent = "" if explanation.settings.get("label_dependent", True) else " and do not depend on the label"
-        return f"Scores are unsigned magnitudes{dependent}: darker = larger."
+        return f"Scores are unsigned magnitudes{dependent}: " + ("darker = larger." if color else "larger = more.")
     foil = explanation.settings.get("foil")
     if reading == "signed":
         if foil is not None:
-            return f"Red: favours the label over {foil}; purple: {foil} over the label."
-        return "Red: pushes toward the label; purple: away from it; stronger = larger |score|."
-    return ("Scores are relative (a logit times a norm: their zero means nothing): compare tokens, not signs; darker "
-            "= higher. For toward / away, explain with --foil LABEL (a contrast of two labels is signed).")
+            return (f"Red: favours the label over {foil}; purple: {foil} over the label." if color else
+                    f"Positive: favours the label over {foil}; negative: {foil} over the label.")
+        return ("Red: pushes toward the label; purple: away from it; stronger = larger |score|." if color else
+                "Positive: pushes toward the label; negative: away from it; larger |score| = stronger.")
+    return ("Scores are relative (a logit times a norm: their zero means nothing): compare tokens, not signs"
+            + ("; darker = higher." if color else "; higher = more.")
+            + " For toward / away, explain with --foil LABEL (a contrast of two labels is signed).")
 
 
 def _column_name(explanation: Explanation, i: int, j: int) -> str:

@@ -260,3 +260,29 @@ def test_a_missing_pyarrow_is_reported_before_the_model_loads(tmp_path, no_loadi
     data.write_text("sentence\tlabel\na film\t1\n")
     assert main(["attribute", "--model", "minilm-sst2", "--data", str(data), "--out", str(tmp_path / "out")]) == 2
     assert "normx: error: Parquet needs pyarrow" in capsys.readouterr().err
+
+
+def test_piped_output_has_no_colour_legend(folder, capsys):
+    """Standard output that is not a terminal (capsys) gets no colours, so its footer speaks of numbers and signs,
+    not of "darker", "red" or "purple"; a terminal's footer names the colours it shows."""
+    from normx.cli.render import render_table
+
+    for extra in ([], ["--foil", "negative"], ["--method", "l2norm"], ["--method", "gradient_x_input"]):
+        assert main(["explain", "--model", folder, *extra, "a gripping film"]) == 0
+        out = capsys.readouterr().out
+        assert "\033[" not in out
+        footer = out.strip().splitlines()[-1].lower()
+        assert footer.startswith("* special token.") and not any(w in footer for w in ("darker", "red", "purple"))
+    model, tokenizer = tiny.build("BertForSequenceClassification")
+    contrast = normx.explain(model, tokenizer, "the film", target="positive", foil="negative")
+    assert "Red: favours the label over negative" in render_table(contrast, color=True)
+    assert "Positive: favours the label over negative; negative: negative over the label" in \
+        render_table(contrast, color=False)
+
+
+def test_html_file_is_announced(folder, tmp_path, capsys):
+    page = tmp_path / "out" / "page.html"
+    assert main(["explain", "--model", folder, "--json", "--html", str(page), "a gripping film"]) == 0
+    captured = capsys.readouterr()
+    assert page.is_file() and f"normx: wrote {page} (" in captured.err
+    assert json.loads(captured.out)["results"]  # standard output stays the JSON alone

@@ -83,3 +83,12 @@ def test_decoder_decomposition_methods_from_the_command_line(folder, capsys, met
             total = np.sum(row) + data["diagnostics"]["bias_logit"][t]
             assert total == pytest.approx(float(logits[p - 1, ids[p]]), rel=1e-4, abs=1e-4)
             assert data["diagnostics"]["decomposition_error"][t] < 1e-4 * float(logits[p - 1].abs().max())
+
+
+def test_html_file_is_announced_and_the_view_has_no_colour_legend(folder, tmp_path, capsys):
+    path, _ = folder
+    page = tmp_path / "generation.html"
+    assert main(["generate", "--model", path, "--max-new-tokens", "2", "--html", str(page), "the film"]) == 0
+    captured = capsys.readouterr()
+    assert page.is_file() and f"normx: wrote {page} (" in captured.err
+    assert "\033[" not in captured.out and "darker" not in captured.out
