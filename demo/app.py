@@ -20,8 +20,8 @@ except ImportError:  # a source checkout run as `python demo/app.py` without `pi
 
 import gradio as gr
 
-from normx.serving import server as serving
 from normx.serving import messages, session, space, views
+from normx.serving import server as serving
 from normx.serving.lanes import WorkGate
 
 DEFAULT_MODEL = "minilm-sst2"
