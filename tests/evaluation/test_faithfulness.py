@@ -579,3 +579,52 @@ def test_paired_difference_of_two_methods_from_the_per_example_aopcs():
                             ["normxlogit", "random"], progress=False)
     with pytest.raises(InvalidInputError, match="Pearson r is not a per-example mean"):
         scored.difference("normxlogit", "random")
+
+
+@pytest.mark.parametrize("name", ["BertForSequenceClassification", "LlamaForSequenceClassification"])
+def test_supplied_scores_are_scored_as_the_methods_own(name):
+    """A ranking computed elsewhere (faith.SuppliedScores) is scored by the same protocol: normxlogit's own scores,
+    given as a list or returned by a function of the examples and the predicted labels, give exactly its curves,
+    also with no registered method run (the pooled token then comes from the model's adapter); other scores other
+    curves."""
+    model, tokenizer = tiny.build(name)
+    own = normx.explain(model, tokenizer, tiny.TEXTS, "normxlogit")
+    scores = [e.token_scores() for e in own]
+    asked = []
+
+    def computed(examples, predicted):
+        asked.append((examples, predicted))
+        return scores
+
+    report = faith.evaluate(model, tokenizer, tiny.TEXTS, ["normxlogit", faith.SuppliedScores("given", scores),
+                                                          faith.SuppliedScores("computed", computed)],
+                            progress=False)
+    assert list(report.results) == ["normxlogit", "given", "computed"]
+    assert [e.text for e in asked[0][0]] == list(tiny.TEXTS) and asked[0][1] == [e.labels[0] for e in own]
+    for label in ("given", "computed"):
+        for mode, curves in report.results["normxlogit"].curves.items():
+            assert report.results[label].curves[mode] == curves
+    alone = faith.evaluate(model, tokenizer, tiny.TEXTS, [faith.SuppliedScores("given", scores)], progress=False)
+    assert alone.results["given"].curves == report.results["normxlogit"].curves
+    flipped = faith.evaluate(model, tokenizer, tiny.TEXTS, [faith.SuppliedScores("flipped", [-s for s in scores])],
+                             progress=False)
+    assert flipped.results["flipped"].curves != report.results["normxlogit"].curves
+
+
+def test_supplied_scores_of_the_wrong_shape_count_or_name_are_refused():
+    model, tokenizer = tiny.build("BertForSequenceClassification")
+    scores = [e.token_scores() for e in normx.explain(model, tokenizer, tiny.TEXTS, "normxlogit")]
+
+    def run(*methods):
+        return faith.evaluate(model, tokenizer, tiny.TEXTS, list(methods), progress=False)
+
+    with pytest.raises(InvalidInputError, match="one score per token"):
+        run(faith.SuppliedScores("short", [s[:-1] for s in scores]))
+    with pytest.raises(InvalidInputError, match="scores for 1 examples"):
+        run(faith.SuppliedScores("few", scores[:1]))
+    with pytest.raises(InvalidInputError, match="NaN"):
+        run(faith.SuppliedScores("nan", [np.full_like(s, np.nan) for s in scores]))
+    with pytest.raises(InvalidInputError, match="each name once"):
+        run("normxlogit", faith.SuppliedScores("normxlogit", scores))
+    with pytest.raises(InvalidInputError, match="each name once"):
+        run(faith.SuppliedScores("a", scores), faith.SuppliedScores("a", scores))

@@ -14,8 +14,8 @@ from normx.evaluation.faithfulness.metrics import (
     standard_error,
 )
 from normx.evaluation.faithfulness.report import FaithfulnessReport, MethodResult, format_table
-from normx.evaluation.faithfulness.run import RANKINGS, evaluate
+from normx.evaluation.faithfulness.run import RANKINGS, SuppliedScores, evaluate
 
-__all__ = ["DATA_SUFFIXES", "RANKINGS", "FaithfulnessReport", "MethodResult", "aopc", "classification_curves",
-           "classification_values", "evaluate", "format_table", "gold_labels", "load_examples", "pearson",
-           "read_examples", "regression_curves", "softmax", "standard_error"]
+__all__ = ["DATA_SUFFIXES", "RANKINGS", "FaithfulnessReport", "MethodResult", "SuppliedScores", "aopc",
+           "classification_curves", "classification_values", "evaluate", "format_table", "gold_labels",
+           "load_examples", "pearson", "read_examples", "regression_curves", "softmax", "standard_error"]

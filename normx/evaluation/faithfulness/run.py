@@ -25,7 +25,8 @@ from __future__ import annotations
 import platform
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -62,6 +63,18 @@ from normx.models import HeadKind
 RANKINGS = ("farthest", "closest")
 
 
+@dataclass(frozen=True)
+class SuppliedScores:
+    """A ranking computed elsewhere (another library's attributions), given to :func:`evaluate` among its
+    ``methods`` and scored by the same protocol under ``name``: ``scores`` is one array per example, a score per
+    token of the example as the tokenizer encodes it (special tokens included, as ``normx.explain`` covers it), for
+    the model's predicted label; or a function ``scores(examples, predicted)`` returning them (``predicted``: the
+    label name the model predicts for each example, the one a ranking must explain)."""
+
+    name: str
+    scores: Callable[[list, list[str]], Sequence[np.ndarray]] | Sequence[np.ndarray]
+
+
 def evaluate(model, tokenizer, examples: Sequence, methods: str | Sequence[str] | None = None, *,
              task: str | None = None, ks: Sequence[float] = K_VALUES, special_tokens: str = "include",
              perturbation: str = "auto", batch_size: int = 16, eval_batch_size: int = 64,
@@ -74,7 +87,8 @@ def evaluate(model, tokenizer, examples: Sequence, methods: str | Sequence[str] 
         model, tokenizer: a sequence-classification model normx supports (PEFT-wrapped or not) and its tokenizer.
         examples: :class:`normx.data.glue.Example` objects (``text``, ``pair``, ``label``) or plain texts (no labels:
             no accuracy curve); :func:`load_examples` reads task data and user files.
-        methods: method names (default: every registered method, ``normx.list_methods()``).
+        methods: method names (default: every registered method, ``normx.list_methods()``), and
+            :class:`SuppliedScores` (rankings computed elsewhere, scored after the methods).
         task: the GLUE task the examples come from, to map its label indices to the model's labels by name.
         ks: perturbation ratios (default 0, 0.1, ..., 1); the AOPC averages those strictly between 0 and 1.
         special_tokens: ``"include"`` (the authors' protocol: special tokens other than the pooled one are ranked
@@ -98,7 +112,13 @@ def evaluate(model, tokenizer, examples: Sequence, methods: str | Sequence[str] 
     examples = [glue.Example(e, None, None) if isinstance(e, str) else e for e in examples]
     if not examples:
         raise InvalidInputError("examples is empty; give at least one example")
-    names = _method_names(methods)
+    supplied = [m for m in ([] if methods is None or isinstance(methods, str) else methods)
+                if isinstance(m, SuppliedScores)]
+    names = _method_names([m for m in methods if not isinstance(m, SuppliedScores)] if supplied else methods,
+                          allow_empty=bool(supplied))
+    taken = [m.name for m in supplied if m.name in names] + [n for n, _ in _repeated([m.name for m in supplied])]
+    if taken:
+        raise InvalidInputError(f"supplied scores named {taken}: each name once, and none a method's")
     options = _method_options(names, method_options)
     ks = _check_ks(ks)
     check_choice("special_tokens", special_tokens, SPECIAL_TOKENS)
@@ -151,20 +171,18 @@ def evaluate(model, tokenizer, examples: Sequence, methods: str | Sequence[str] 
             else 1.0
         perturbed = runner.perturbed_logits(items, [sign * e.token_scores() for e in explanations],
                                             desc=f"perturbed inputs {name}")
-        curves, errors, examples = {}, {}, {}
-        for mode, logits in perturbed.items():
-            if labels.regression:
-                values = regression_curves(logits, gold)
-                errors[mode] = {metric: float("nan") for metric in values}  # Pearson is not a per-example mean
-            else:
-                per_example = classification_values(original, logits, gold)
-                values = {metric: v.mean(0) for metric, v in per_example.items()}
-                errors[mode] = {metric: standard_error(v, ks) for metric, v in per_example.items()}
-                examples[mode] = {metric: example_aopcs(v, ks).tolist() for metric, v in per_example.items()}
-            curves[mode] = {metric: [float(v) for v in curve] for metric, curve in values.items()}
-        results[name] = MethodResult(name, perturbed, curves, errors, options[name],
-                                     {"explain": round(explain_seconds, 2),
-                                      "perturb": round(time.perf_counter() - start, 2)}, examples)
+        results[name] = _method_result(name, perturbed, labels, original, gold, ks, options[name],
+                                       {"explain": round(explain_seconds, 2),
+                                        "perturb": round(time.perf_counter() - start, 2)})
+
+    for given in supplied:
+        start = time.perf_counter()
+        scores = _supplied(given, examples, [labels.names[p] for p in predicted] if not labels.regression
+                           else [labels.names[0]] * len(examples), encoded)
+        items = items or [_item(e, _pooled(handle, e, tokenizer)) for e in encoded]
+        perturbed = runner.perturbed_logits(items, scores, desc=f"perturbed inputs {given.name}")
+        results[given.name] = _method_result(given.name, perturbed, labels, original, gold, ks, {"supplied": True},
+                                             {"explain": 0.0, "perturb": round(time.perf_counter() - start, 2)})
 
     settings = _settings(handle, labels, encoded, {
         "data": task, "task": task, "ks": list(ks), "special_tokens": special_tokens, "perturbation": strategy,
@@ -172,6 +190,50 @@ def evaluate(model, tokenizer, examples: Sequence, methods: str | Sequence[str] 
         "batch_size": batch_size, "eval_batch_size": eval_batch_size, "explained_label_mismatches": mismatches,
         "regression_ranking": regression_ranking if labels.regression else None})
     return FaithfulnessReport(settings, ks, labels.regression, _original(labels, original, gold), results, skipped)
+
+
+def _method_result(name, perturbed, labels, original, gold, ks, options, seconds) -> MethodResult:
+    curves, errors, examples = {}, {}, {}
+    for mode, logits in perturbed.items():
+        if labels.regression:
+            values = regression_curves(logits, gold)
+            errors[mode] = {metric: float("nan") for metric in values}  # Pearson is not a per-example mean
+        else:
+            per_example = classification_values(original, logits, gold)
+            values = {metric: v.mean(0) for metric, v in per_example.items()}
+            errors[mode] = {metric: standard_error(v, ks) for metric, v in per_example.items()}
+            examples[mode] = {metric: example_aopcs(v, ks).tolist() for metric, v in per_example.items()}
+        curves[mode] = {metric: [float(v) for v in curve] for metric, curve in values.items()}
+    return MethodResult(name, perturbed, curves, errors, options, seconds, examples)
+
+
+def _supplied(given: SuppliedScores, examples, predicted: list[str], encoded) -> list[np.ndarray]:
+    """``given``'s scores, one finite array per example over its encoded tokens."""
+    scores = given.scores(list(examples), predicted) if callable(given.scores) else given.scores
+    scores = [np.asarray(s, dtype=np.float64) for s in scores]
+    if len(scores) != len(encoded):
+        raise InvalidInputError(f"{given.name}: scores for {len(scores)} examples, but there are {len(encoded)}")
+    for index, (values, enc) in enumerate(zip(scores, encoded)):
+        if values.shape != (len(enc.ids),):
+            raise InvalidInputError(f"{given.name}, example {index}: give one score per token of the encoded "
+                                    f"example ({len(enc.ids)}: {enc.tokens}); got shape {values.shape}")
+        if not np.isfinite(values).all():
+            raise InvalidInputError(f"{given.name}, example {index}: the scores hold NaN or infinite values")
+    return scores
+
+
+def _pooled(handle: ModelHandle, encoded, tokenizer) -> int:
+    """The position the model's prediction is read at for one encoded example (the adapter's pooling)."""
+    import torch
+
+    ids = torch.tensor([list(encoded.ids)])
+    return int(handle.adapter.pooled_positions(handle.base.config, {"input_ids": ids,
+                                                                     "attention_mask": torch.ones_like(ids)},
+                                               tokenizer.mask_token_id)[0])
+
+
+def _repeated(names: list[str]) -> list[tuple[str, int]]:
+    return [(n, names.count(n)) for n in dict.fromkeys(names) if names.count(n) > 1]
 
 
 def _explain(model, tokenizer, texts, pairs, name, options, batch_size, max_length, progress):
@@ -209,11 +271,11 @@ def _item(encoded, pooled: int) -> Item:
     return Item(tuple(encoded.ids), tuple(encoded.special), pooled, {k: tuple(v) for k, v in encoded.extra.items()})
 
 
-def _method_names(methods) -> list[str]:
+def _method_names(methods, allow_empty: bool = False) -> list[str]:
     if methods is None or methods == "all":
         return list_methods()
     names = [methods] if isinstance(methods, str) else list(methods)
-    if not names:
+    if not names and not allow_empty:
         raise InvalidInputError("methods is empty; give at least one method name (or None for all)")
     for name in names:
         get_method(name)  # raises UnknownMethodError listing the registered methods
