@@ -126,7 +126,7 @@ def _convert(file: Path, folder: Path, task: str, tasks: dict[str, str],
     if notify is not None:
         notify(f"converting {file.name} ({_mb(file.stat().st_size)}) to a plain transformers model, once: about "
                f"{_mb(header.elements * 4)} (float32 weights) written to the cache at {folder}; this can take "
-               "minutes, later loads of the file take about a second (`normx cache` lists the cache)")
+               "minutes; later loads read that copy in seconds (`normx cache` lists the cache)")
     import transformers
     from transformers.utils import logging
 

@@ -261,6 +261,6 @@ def test_the_first_conversion_says_what_it_does_and_no_progress_line_off_a_termi
     err = capsys.readouterr().err
     size = file.stat().st_size / 2**20
     assert f"normx: converting tiny-llama.gguf ({size:.1f} MB) to a plain transformers model, once: about 0.2 MB " \
-           f"(float32 weights) written to the cache at {entry(file)}; this can take minutes, later loads of the file " \
-           "take about a second" in err
+           f"(float32 weights) written to the cache at {entry(file)}; this can take minutes; later loads read that " \
+           "copy in seconds" in err
     assert "Converting and de-quantizing" not in err and "it/s" not in err
