@@ -12,25 +12,16 @@ results: NormXLogit's rows are ||x^0|| x the model's own logits, Captum attribut
 
 from __future__ import annotations
 
-import sys
 import warnings
-from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-
 import tiny
+import torch
+from generation_workload import NEW_TOKENS, PROMPT, SHORT
 from timing import median_seconds
 
 import normx
-
-PROMPT = ("Review: the acting is superb and the story keeps you guessing until the very last scene.\n"
-          "Is this review positive or negative? Explain briefly.\nAnswer:")
-NEW_TOKENS = 32
-SHORT = "the film was great"  # the tiny model's position table is 64 long
 
 
 def _setup(enabled: bool):

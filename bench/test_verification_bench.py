@@ -9,14 +9,8 @@ once per model.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-
 import tiny
+import torch
 from timing import median_seconds
 
 import normx

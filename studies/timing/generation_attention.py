@@ -3,30 +3,29 @@ the same sequence: ``attention`` and ``norm_attention`` read all steps from one 
 (``Method.query_rows``), NormXLogit from one pass; for comparison, norm-based attention run once per step on each
 prefix (the same method without its one-pass reading, 8 prefixes a batch, as the per-step methods run).
 
-    python bench/generation_attention_timing.py   # SmolLM2-135M-Instruct (offline preset), 1 thread
-    python bench/generation_attention_timing.py alti_logit decompx   # only these methods (5 rounds each)
+    python -m studies.timing.generation_attention   # SmolLM2-135M-Instruct (offline preset), 1 thread
+    python -m studies.timing.generation_attention alti_logit decompx   # only these methods (5 rounds each)
+    python -m studies.timing.generation_attention --out timing.md      # the table also written there
 
-The same prompt and 32 teacher-forced generated tokens as bench/test_generation_bench.py (64 tokens in all). Each
+The same prompt and 32 teacher-forced generated tokens as bench/test_generation_bench.py (64 tokens in all;
+bench/generation_workload.py). Each
 figure is the median of interleaved rounds: before each round of a method the plain forward pass is timed again,
 and the ratio is the median over rounds of (method round / the forward just before it).
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-
-from test_generation_bench import NEW_TOKENS, PROMPT
-
 import normx
+from bench.generation_workload import NEW_TOKENS, PROMPT
 from normx.methods import get_method, register_method
+from studies.settings import Printed, add_out_option
 
 ROUNDS = {"normxlogit": 9, "attention": 9, "norm_attention": 9, "norm_attention_per_step": 3}
 
@@ -65,15 +64,19 @@ def timing_setup():
 
 
 def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("methods", nargs="*", help="only these methods (5 rounds each)")
+    add_out_option(parser)
+    args = parser.parse_args()
+    say = Printed(args.out)
     model, tokenizer, continuation, ids, forward = timing_setup()
     register_method(dataclasses.replace(get_method("norm_attention"), name="norm_attention_per_step",
                                         display="", query_rows=None))
     plain = statistics.median(timed(forward) for _ in range(9))
-    print(f"SmolLM2-135M-Instruct, {ids.shape[1]} tokens ({NEW_TOKENS} generated), 1 thread, "
-          f"{torch.__version__}\n")
-    print("| what | time | × one plain forward pass (interleaved median) |\n|---|---|---|")
-    print(f"| plain forward pass (`model(input_ids)`) | {plain * 1e3:.1f} ms | 1 |")
-    chosen = {name: 5 for name in sys.argv[1:]} or ROUNDS
+    say(f"SmolLM2-135M-Instruct, {ids.shape[1]} tokens ({NEW_TOKENS} generated), 1 thread, {torch.__version__}\n")
+    say("| what | time | × one plain forward pass (interleaved median) |\n|---|---|---|")
+    say(f"| plain forward pass (`model(input_ids)`) | {plain * 1e3:.1f} ms | 1 |")
+    chosen = {name: 5 for name in args.methods} or ROUNDS
     for method, rounds in chosen.items():
         def all_steps(method=method):
             return normx.explain_generation(model, tokenizer, PROMPT, method=method, target=continuation)
@@ -81,7 +84,8 @@ def main() -> int:
         all_steps()  # warm-up
         seconds, ratio = interleaved(all_steps, forward, rounds)
         shown = f"{seconds * 1e3:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
-        print(f"| {method}, all {NEW_TOKENS} steps | {shown} | {ratio:.2f} |")
+        say(f"| {method}, all {NEW_TOKENS} steps | {shown} | {ratio:.2f} |")
+    say.save()
     return 0
 
 

@@ -26,31 +26,30 @@ shared 2-core machine's time); each family's best setting is its choice, and the
 chosen scores go to the held-out run (full K = 10 ... 90 % grid, both protocols) beside NormXLogit at its default
 (last) layer and the baselines, winners and losers alike; the other families are reported on training only.
 
-    python bench/generation_study.py train [i/n]      # every candidate, training prompts, standard protocol
-    python bench/generation_study.py merge train n    # the n parts as study-train.json, with each family's choice
-    python bench/generation_study.py heldout [i/n]    # the chosen settings and the baselines, held-out, both protocols
-    python bench/generation_study.py merge heldout n
-    python bench/generation_study.py table            # the Markdown tables from the two result files
-    python bench/generation_study.py cost             # the chosen settings' all-steps cost against a forward
+    python -m studies.generation.study train [i/n]    # every candidate, training prompts, standard protocol
+    python -m studies.generation.study merge train n  # the n parts as study-train.json, with each family's choice
+    python -m studies.generation.study heldout [i/n]  # the chosen settings and the baselines, held out, both protocols
+    python -m studies.generation.study merge heldout n
+    python -m studies.generation.study table          # the Markdown tables from the two result files
+    python -m studies.generation.study cost           # the chosen settings' all-steps cost against a forward
 
-(data: ``NORMX_DATA``, default ../shared/data; results in docs/results/generation/study-*.json)
+(data: ``--data DIR`` or ``$NORMX_DATA``; results: ``--out DIR``, default docs/results/generation/study-*.json)
 """
 
 from __future__ import annotations
 
+import argparse
 import csv
 import json
-import os
 import random
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-OUT = ROOT / "docs" / "results" / "generation"
+from studies.settings import GENERATION_RESULTS, add_data_option, data_folder
+
 SEED = 36
 PER_KIND = 4
 STEPS = 6
@@ -201,9 +200,9 @@ def _part(methods: dict[str, dict], part: str | None) -> dict[str, dict]:
     return {label: options for k, (label, options) in enumerate(methods.items()) if k % n == i}
 
 
-def merge(which: str, parts: int) -> dict:
+def merge(out: Path, which: str, parts: int) -> dict:
     """The part files of one split as one result (the same prompts and steps; each method from its part)."""
-    files = [json.loads((OUT / f"study-{which}.part{i}.json").read_text()) for i in range(parts)]
+    files = [json.loads((out / f"study-{which}.part{i}.json").read_text()) for i in range(parts)]
     result = dict(files[0])
     for key in ("aopc", "per_step", "curves", "position_correlation"):
         result[key] = {k: v for f in files for k, v in f[key].items()}
@@ -215,13 +214,10 @@ def merge(which: str, parts: int) -> dict:
 
 
 def cost(methods: dict[str, dict], rounds: int = 5) -> None:
-    """Each method's all-steps cost against one plain forward pass, as bench/generation_attention_timing.py
+    """Each method's all-steps cost against one plain forward pass, as studies/timing/generation_attention.py
     measures it (the same prompt, 32 teacher-forced tokens, 1 thread, interleaved medians)."""
-
-    sys.path.insert(0, str(ROOT / "bench"))
-    from generation_attention_timing import NEW_TOKENS, PROMPT, interleaved, timed, timing_setup
-
     import normx
+    from studies.timing.generation_attention import NEW_TOKENS, PROMPT, interleaved, timed, timing_setup
 
     model, tokenizer, continuation, ids, forward = timing_setup()
     plain = statistics.median(timed(forward) for _ in range(rounds))
@@ -239,31 +235,37 @@ def cost(methods: dict[str, dict], rounds: int = 5) -> None:
 
 
 def main() -> int:
-    which = sys.argv[1] if len(sys.argv) > 1 else "table"
-    data = Path(os.environ.get("NORMX_DATA", ROOT.parent / "shared" / "data"))
-    part = sys.argv[2] if which in ("train", "heldout") and len(sys.argv) > 2 else None  # "i/n": a share
-    OUT.mkdir(parents=True, exist_ok=True)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("command", nargs="?", default="table", choices=("train", "heldout", "merge", "table", "cost"))
+    parser.add_argument("part", nargs="*", help="train / heldout: i/n (a share); merge: the split and n")
+    add_data_option(parser)
+    parser.add_argument("--out", type=Path, default=GENERATION_RESULTS, help="the results folder (study-*.json)")
+    args = parser.parse_args()
+    which, out = args.command, args.out
+    part = args.part[0] if which in ("train", "heldout") and args.part else None  # "i/n": a share
+    out.mkdir(parents=True, exist_ok=True)
     if which in ("train", "heldout"):
         if which == "heldout" and not CHOSEN:
             raise SystemExit("CHOSEN is empty: run the training selection first and fill it in")
         methods = CANDIDATES if which == "train" else {**BASELINES, **CHOSEN}
-        result = run(which, data, _part(methods, part), far=which == "heldout")
+        result = run(which, data_folder(args.data), _part(methods, part), far=which == "heldout")
         name = f"study-{which}.part{part.split('/')[0]}.json" if part else f"study-{which}.json"
-        (OUT / name).write_text(json.dumps(result) + "\n")
+        (out / name).write_text(json.dumps(result) + "\n")
         print(f"{name}: {result['seconds']} s")
     elif which == "cost":
         cost({"normxlogit": {}, "norm_attention": {}, **CHOSEN})
-    elif which == "merge":  # python bench/generation_study.py merge train 2
-        result = merge(sys.argv[2], int(sys.argv[3]))
-        if sys.argv[2] == "train":
+    elif which == "merge":  # python -m studies.generation.study merge train 2
+        split_name, parts = args.part
+        result = merge(out, split_name, int(parts))
+        if split_name == "train":
             result["chosen"] = choose(result)
             print("chosen:", result["chosen"])
-        (OUT / f"study-{sys.argv[2]}.json").write_text(json.dumps(result) + "\n")
+        (out / f"study-{split_name}.json").write_text(json.dumps(result) + "\n")
         for label in result["methods"]:
             print(f"{label:28s} comp - suff {_score(result, label):+.3f}")
     else:
-        train = json.loads((OUT / "study-train.json").read_text())
-        heldout = json.loads((OUT / "study-heldout.json").read_text())
+        train = json.loads((out / "study-train.json").read_text())
+        heldout = json.loads((out / "study-heldout.json").read_text())
         print(table(train, heldout))
     return 0
 

@@ -11,9 +11,10 @@ the recency baseline (later tokens first) and random; per step the top-K % of th
 deleted (and only them kept), the drop in the generated token's probability, AOPC over K = 10 ... 90 %
 (:func:`normx.evaluation.generation.generation_faithfulness`).
 
-    python bench/generation_faithfulness.py [DATA_DIR]   # default ../shared/data; writes docs/results/generation/
-    python bench/generation_faithfulness.py [DATA_DIR] --methods decompx   # scores only these, merged into the
-                                                                           # report (replacing their entries)
+    python -m studies.generation.faithfulness --data DIR   # (or $NORMX_DATA) writes --out, default
+                                                           # docs/results/generation/report.json
+    python -m studies.generation.faithfulness --methods decompx   # scores only these, merged into the report
+                                                                  # (replacing their entries)
 """
 
 from __future__ import annotations
@@ -26,9 +27,8 @@ from pathlib import Path
 import normx
 from normx.data import glue
 from normx.evaluation.generation import DEFAULT_METHODS, generation_faithfulness
+from studies.settings import GENERATION_RESULTS, INSTRUCTION, add_data_option, data_folder
 
-ROOT = Path(__file__).resolve().parents[1]
-INSTRUCTION = "Review: {sentence}\nIs this review positive or negative? Answer:"
 # normxlogit, gradient_x_input, integrated_gradients, attention, norm_attention, recency, random
 METHODS = DEFAULT_METHODS
 
@@ -56,24 +56,24 @@ def _merged(old: dict, new: dict, methods: list[str]) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("data", nargs="?", type=Path, default=ROOT.parent / "shared" / "data")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_data_option(parser)
+    parser.add_argument("--out", type=Path, default=GENERATION_RESULTS / "report.json", help="the report (JSON)")
     parser.add_argument("--methods", help="comma-separated: score only these, merged into the stored report")
     args = parser.parse_args()
     only = args.methods.split(",") if args.methods else None
-    data = args.data
+    data = data_folder(args.data)
     model, tokenizer = normx.load_model("smollm2")
     chosen = prompts(data)
     started = time.time()
     report = generation_faithfulness(model, tokenizer, chosen, only or METHODS, max_new_tokens=6,
                                      method_options={"integrated_gradients": {"n_steps": 16}})
     seconds = round(time.time() - started)
-    out = ROOT / "docs" / "results" / "generation"
-    out.mkdir(parents=True, exist_ok=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     result = {**report.to_dict(), "seconds": seconds, "prompts_used": chosen}
     if only is not None:
-        result = _merged(json.loads((out / "report.json").read_text()), result, only)
-    (out / "report.json").write_text(json.dumps(result, indent=1) + "\n")
+        result = _merged(json.loads(args.out.read_text()), result, only)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(report.table())
     print(f"\n{report.prompts} prompts, {report.steps} steps, {seconds} s")
     return 0

@@ -1,0 +1,1 @@
+"""Coverage surveys: which transformers architectures normx explains."""

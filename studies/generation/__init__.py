@@ -1,0 +1,1 @@
+"""Generation studies: faithfulness, the held-out choice of settings, peers side by side."""

@@ -1,0 +1,1 @@
+"""Parity: normx against other implementations, each run in its own virtualenv."""

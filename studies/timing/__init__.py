@@ -1,0 +1,1 @@
+"""One-off timings (and the peers study's measuring helper)."""

@@ -1,0 +1,1 @@
+"""Variant search over NormXLogit's settings."""
