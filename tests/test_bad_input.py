@@ -158,10 +158,10 @@ def test_cli_unknown_method_before_the_model_loads(capsys):
 
 
 def test_cli_lone_surrogate_and_zero_width(folder, capsys):
-    assert cli_error(["explain", "--model", folder, SURROGATE], capsys).startswith(
-        "texts[0] is not valid Unicode: a lone surrogate")
+    assert cli_error(["explain", "--model", folder, SURROGATE], capsys).startswith(  # in the user's words (#43)
+        "the text is not valid Unicode: a lone surrogate")
     assert cli_error(["explain", "--model", folder, ZERO_WIDTH], capsys).startswith(
-        "texts[0] is empty or has only white space, control or zero-width characters")
+        "the text is empty or has only white space, control or zero-width characters")
 
 
 def test_cli_texts_from_stdin(folder, monkeypatch, capsys):
