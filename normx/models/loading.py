@@ -28,6 +28,7 @@ warnings.filterwarnings("ignore", message=r".*`is_gradient_checkpointing` is dep
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "spiece.model")
 _ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")  # the file peft loads: the first present
 _NO_PROMPT = threading.Lock()
+_NAME_MAX = 255  # the longest file or folder name the usual file systems take
 _no_prompt = {"loads": 0, "timeout": None}  # loads in flight under never_ask_to_run_code; the timeout they replaced
 
 
@@ -61,6 +62,10 @@ def load_pretrained(name_or_path: str | Path, *, task: str | None = None, dtype=
 
 
 def _load(source: str, task: str | None, dtype, device, notify, kwargs: dict):
+    longest = max((len(part) for part in Path(source).parts), default=0)
+    if longest > _NAME_MAX:  # the file system's limit: checking such a path raises OSError (File name too long)
+        raise ModelLoadError(f"the model name {source[:40]!r}... has a part of {longest} characters; a preset, hub "
+                             f"id or folder name is at most {_NAME_MAX}")
     path = Path(source).expanduser()
     file = path / kwargs.pop("gguf_file") if kwargs.get("gguf_file") else gguf_file(path)
     if file is not None:

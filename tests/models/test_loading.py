@@ -109,3 +109,12 @@ def test_presets_on_one_base_have_different_identities():
     assert sst2 == again and sst2["name"] == "minilm-sst2" and sst2["adapter"] is not None
     assert qnli["name"] == "minilm-qnli" and qnli["adapter"] != sst2["adapter"]
     assert describe(sst2).startswith("minilm-sst2 (BertForSequenceClassification, float32, weights ")
+
+
+def test_a_name_longer_than_a_file_name_is_a_load_error():
+    """A 300-character name is refused in normx's words (probing it as a path raised OSError: File name too long)."""
+    import normx
+    from normx.errors import ModelLoadError
+
+    with pytest.raises(ModelLoadError, match="300 characters"):
+        normx.load_model("a" * 300)
