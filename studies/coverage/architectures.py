@@ -6,32 +6,38 @@ from them), refused (with the reason), or transformers itself fails on the shrun
 Writes ``normx/models/coverage.json`` (what ``normx supported`` prints) and ``docs/supported.md``
 (``normx.models.coverage.markdown``: its counts computed from the JSON, as the CLI's and the README's are):
 
-    python bench/architecture_coverage.py                  # about 8 minutes on a 2-core CPU
-    python bench/architecture_coverage.py AlbertForMaskedLM  # only these again; the others kept from the file
-    python bench/architecture_coverage.py --docs           # only docs/supported.md again, from the JSON
+    python -m studies.coverage.architectures                  # about 8 minutes on a 2-core CPU
+    python -m studies.coverage.architectures AlbertForMaskedLM  # only these again; the others kept from the file
+    python -m studies.coverage.architectures --docs           # only docs/supported.md again, from the JSON
+
+``--out`` (default normx/models/coverage.json) and ``--docs-out`` (default docs/supported.md) name the two files.
+The tiny models are the tests' own builder (tests/architectures.py, shared with tests/models/test_coverage.py).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
+import transformers
 
-import architectures  # noqa: E402
-import transformers  # noqa: E402
-
-from normx.models.coverage import markdown  # noqa: E402
+from normx.models.coverage import markdown
+from studies.settings import REPO
+from tests import architectures
 
 
 def main() -> int:
-    only = set(sys.argv[1:])
-    file = ROOT / "normx" / "models" / "coverage.json"
-    docs = ROOT / "docs" / "supported.md"
-    if only == {"--docs"}:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("classes", nargs="*", help="only these classes again (the others kept from --out)")
+    parser.add_argument("--docs", action="store_true", help="only --docs-out again, from --out")
+    parser.add_argument("--out", type=Path, default=REPO / "normx" / "models" / "coverage.json")
+    parser.add_argument("--docs-out", type=Path, default=REPO / "docs" / "supported.md")
+    args = parser.parse_args()
+    only, file, docs = set(args.classes), args.out, args.docs_out
+    if args.docs:
         docs.write_text(markdown(json.loads(file.read_text())))
         return 0
     kept = {(row["head"], row["model_type"], row["class"]): row

@@ -3,23 +3,23 @@ random from its own default config (tests/architectures.py), explained with ``de
 class: "exact" (the shares plus the bias share equal the model's own logits: the worst ``decomposition_error`` is
 printed), "refused" (normx's reason) or "error" (anything else: a bug to fix).
 
-    python bench/decoder_decompx_coverage.py            # every causal LM of the installed transformers
-    python bench/decoder_decompx_coverage.py LlamaForCausalLM GPT2LMHeadModel
+    python -m studies.coverage.decoder_decompx            # every causal LM of the installed transformers
+    python -m studies.coverage.decoder_decompx LlamaForCausalLM GPT2LMHeadModel
+    python -m studies.coverage.decoder_decompx --out decompx.tsv   # the lines also written there
+
+The tiny models are the tests' own builder (tests/architectures.py).
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+import argparse
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-
-import architectures
-
 import normx
 from normx.errors import UnsupportedModelError
+from studies.settings import Printed, add_out_option
+from tests import architectures
 
 
 def verdict(model_type: str, name: str) -> tuple[str, str]:
@@ -44,16 +44,22 @@ def verdict(model_type: str, name: str) -> tuple[str, str]:
 
 
 def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("classes", nargs="*", help="only these classes")
+    add_out_option(parser, "the printed lines, also written to this file")
+    args = parser.parse_args()
+    say = Printed(args.out)
     torch.set_num_threads(1)
-    only = set(sys.argv[1:])
+    only = set(args.classes)
     counts: dict[str, int] = {}
     for _, model_type, name in architectures.architectures("causal_lm"):
         if only and name not in only:
             continue
         kind, why = verdict(model_type, name)
         counts[kind] = counts.get(kind, 0) + 1
-        print(f"{name}\t{kind}\t{why}", flush=True)
-    print("\n" + ", ".join(f"{kind}: {n}" for kind, n in sorted(counts.items())))
+        say(f"{name}\t{kind}\t{why}")
+    say("\n" + ", ".join(f"{kind}: {n}" for kind, n in sorted(counts.items())))
+    say.save()
     return 0
 
 

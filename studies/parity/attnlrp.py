@@ -1,10 +1,10 @@
 """normx's ``attnlrp`` against LXT 2.1's AttnLRP (``lxt.efficient``, transformers 4.52, its own virtualenv) on the
 same generation steps of the offline SmolLM2-135M-Instruct (docs/generation.md, "AttnLRP").
 
-The steps are the generation faithfulness protocol's (``bench/generation_faithfulness.py``: 16 SST-2 + 12 BLiMP
+The steps are the generation faithfulness protocol's (``studies/generation/faithfulness.py``: 16 SST-2 + 12 BLiMP
 prompts, 6 greedy tokens each, 168 steps): normx generates and explains them (``explain_generation(...,
-method="attnlrp")``, the prefixes batched), then ``bench/lxt_attnlrp.py rows`` explains the SAME ids with LXT, one
-step at a time, on the plain copy of the model (``python bench/generation_peers.py export /work/lxt-model``). Per
+method="attnlrp")``, the prefixes batched), then ``studies.parity.lxt_attnlrp rows`` explains the SAME ids with LXT,
+one step at a time, on the plain copy of the model (``python -m studies.generation.peers export LXT_MODEL``). Per
 step, with r the normx row and l LXT's (a relevance for each of the p tokens before the generated one):
 
 - ``max_diff``: max_i |r_i - l_i| / max_i |l_i| (the row's scale);
@@ -15,8 +15,9 @@ step, with r the normx row and l LXT's (a relevance for each of the p tokens bef
 Plain Gradient×Input (signed sum over the embedding dimensions, the same target logit) is compared with LXT the same
 way, to show how far apart two different methods are on this scale.
 
-    python bench/attnlrp_parity.py [DATA_DIR] [--limit N] [--lxt-python PATH] [--lxt-model DIR]
-    # default DATA_DIR ../shared/data; writes docs/results/generation/attnlrp_parity.json
+    python -m studies.parity.attnlrp --data DIR [--limit N] --lxt-python LXT_VENV/bin/python --lxt-model LXT_MODEL
+    # data: --data or $NORMX_DATA; LXT: or $NORMX_LXT_PYTHON / $NORMX_LXT_MODEL;
+    # writes --out, default docs/results/generation/attnlrp_parity.json
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -33,9 +33,10 @@ import numpy as np
 import torch
 
 import normx
+from studies.generation.faithfulness import prompts
+from studies.settings import GENERATION_RESULTS, REPO, add_data_option, add_lxt_options, data_folder, lxt_command
 
-ROOT = Path(__file__).resolve().parents[1]
-OUT = ROOT / "docs" / "results" / "generation" / "attnlrp_parity.json"
+OUT = GENERATION_RESULTS / "attnlrp_parity.json"
 NEW_TOKENS = 6
 
 
@@ -77,27 +78,24 @@ def target_logits(model, sequences: list[dict]) -> list[list[float]]:
     return out
 
 
-def lxt_rows(python: str, model_dir: str, sequences: list[dict]) -> dict:
+def lxt_rows(python: str | None, model_dir: str | None, sequences: list[dict]) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         steps, rows = Path(tmp) / "steps.json", Path(tmp) / "rows.json"
+        command = lxt_command(python, model_dir, "rows", str(steps), str(rows))
         steps.write_text(json.dumps({"sequences": sequences}))
-        subprocess.run([python, str(ROOT / "bench" / "lxt_attnlrp.py"), "rows", model_dir, str(steps), str(rows)],
-                       check=True)
+        subprocess.run(command, check=True, cwd=REPO)
         return json.loads(rows.read_text())
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("data", nargs="?", default=str(ROOT.parent / "shared" / "data"))
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_data_option(parser)
     parser.add_argument("--limit", type=int, default=None, help="the first N prompts only")
-    parser.add_argument("--lxt-python", default="/work/lxt-venv/bin/python")
-    parser.add_argument("--lxt-model", default="/work/lxt-model")
+    add_lxt_options(parser)
+    parser.add_argument("--out", type=Path, default=OUT, help="the results (JSON)")
     args = parser.parse_args(argv)
-    sys.path.insert(0, str(ROOT / "bench"))
-    from generation_faithfulness import prompts
-
     torch.manual_seed(0)
-    texts = prompts(Path(args.data))[:args.limit]
+    texts = prompts(data_folder(args.data))[:args.limit]
     model, tokenizer = normx.load_model("smollm2")
     start = time.perf_counter()
     ours = normx.explain_generation(model, tokenizer, texts, method="attnlrp", max_new_tokens=NEW_TOKENS)
@@ -128,8 +126,8 @@ def main(argv: list[str] | None = None) -> None:
         "conservation_lxt": summary([float(np.sum(r)) / z for r, z in zip(reference, lxt_logits)]),
         "sequences": sequences,
     }
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps(result, indent=1) + "\n")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
     show = {k: v for k, v in result.items() if k != "sequences"}
     for key in ("attnlrp_vs_lxt", "gradient_x_input_vs_lxt"):
         show[key] = {k: v for k, v in show[key].items() if not k.startswith("steps_")}

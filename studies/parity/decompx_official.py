@@ -29,12 +29,14 @@ BertTokenizer; ``compare`` checks the ids match normx's)::
     git clone https://github.com/mohsenfayyaz/DecompX /tmp/decompx_check/official
     git -C /tmp/decompx_check/official checkout b6bddf0b185f729c029b08d0f37108a5fcc85a4c
 
-Run (the first and last with the project venv, the second with the one above)::
+Run from the repository root (the first and last with the project venv, the second with the one above, the
+official checkout on its PYTHONPATH); ``--out`` is the folder for the merged model and the .npz files, ``--data``
+the data folder (or ``$NORMX_DATA``; its sst2/dev.tsv is read)::
 
-    .venv/bin/python bench/decompx_official_check.py normx --work /tmp/decompx_check
-    /tmp/decompx_check/venv/bin/python bench/decompx_official_check.py official --work /tmp/decompx_check \
-        --official-dir /tmp/decompx_check/official
-    .venv/bin/python bench/decompx_official_check.py compare --work /tmp/decompx_check
+    .venv/bin/python -m studies.parity.decompx_official normx --out /tmp/decompx_check
+    PYTHONPATH=/tmp/decompx_check/official /tmp/decompx_check/venv/bin/python -m studies.parity.decompx_official \
+        official --out /tmp/decompx_check --official-dir /tmp/decompx_check/official
+    .venv/bin/python -m studies.parity.decompx_official compare --out /tmp/decompx_check
 
 ``normx`` writes ``normx.npz`` and the merged model (``minilm-sst2-merged/``, with a ``pytorch_model.bin`` and a
 ``vocab.txt`` that transformers 4.18 can read); ``official`` writes ``official_bs{batch}.npz`` (``--batch-size``,
@@ -54,13 +56,12 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import os
-import sys
 from pathlib import Path
 
 import numpy as np
 
-DATA = Path(os.environ.get("NORMX_DATA", Path(__file__).resolve().parents[2] / "shared" / "data")) / "sst2" / "dev.tsv"
+from studies.settings import add_data_option, data_folder
+
 MERGED = "minilm-sst2-merged"
 # name: (normx options, the official DecompXConfig fields that differ from the demo's)
 CONFIGS = {
@@ -203,10 +204,16 @@ def official_batch(model, enc, config) -> dict[str, np.ndarray]:
 
 def run_official(args) -> None:
     work, official = Path(args.work), Path(args.official_dir).resolve()
-    sys.path.insert(0, str(official))
     import torch
     import transformers
-    from src.decompx_utils import DecompXConfig  # the official code
+
+    try:
+        import src.decompx_utils as official_utils  # the official code, on PYTHONPATH
+    except ImportError:
+        raise SystemExit(f"the official code is not importable: run with PYTHONPATH={official}") from None
+    if official not in Path(official_utils.__file__).resolve().parents:
+        raise SystemExit(f"src.decompx_utils comes from {official_utils.__file__}, not from {official}")
+    from src.decompx_utils import DecompXConfig
     from src.modeling_bert import BertForSequenceClassification
     from transformers import BertTokenizer  # AutoTokenizer of 4.18 needs the tokenizers package
 
@@ -312,12 +319,12 @@ def run_compare(args) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     for name in ("normx", "official", "compare"):
         p = sub.add_parser(name)
-        p.add_argument("--work", default="/tmp/decompx_check", help="folder for the merged model and the .npz files")
-        p.add_argument("--data", default=str(DATA), help="SST-2 dev.tsv (sentence<TAB>label)")
+        p.add_argument("--out", dest="work", required=True, help="folder for the merged model and the .npz files")
+        add_data_option(p)
         p.add_argument("--n", type=int, default=50, help="first N sentences")
         p.add_argument("--batch-size", type=int, default=10)
     sub.choices["official"].add_argument("--official-dir", required=True, help="a checkout of mohsenfayyaz/DecompX")
@@ -327,6 +334,8 @@ def main(argv: list[str] | None = None) -> None:
     sub.choices["compare"].add_argument("--official-file", help="default: WORK/official_bs10.npz")
     sub.choices["compare"].add_argument("--json", help="also write the numbers here")
     args = parser.parse_args(argv)
+    if args.command != "compare":
+        args.data = data_folder(args.data) / "sst2" / "dev.tsv"
     {"normx": run_normx, "official": run_official, "compare": run_compare}[args.command](args)
 
 

@@ -1,19 +1,21 @@
 """AttnLRP (Achtibat et al., ICML 2024) with LXT 2.1's efficient implementation, on the generation steps that
-``bench/generation_peers.py`` scores: for every step (prefix = prompt + the tokens generated before it, target = the
+``studies/generation/peers.py`` scores: for every step (prefix = prompt + the tokens generated before it, target = the
 logit of the generated token at the prefix's last position), the relevance of every prefix token = the sum over the
 embedding dimensions of input embedding × its (LRP-modified) gradient, after ``lxt.efficient.monkey_patch`` of
 transformers' Llama module, as LXT's README shows. One backward pass per step.
 
-LXT 2.1 imports only under transformers <= 4.5x, so this runs in its own virtualenv (docs/generation.md):
+LXT 2.1 imports only under transformers <= 4.5x, so this runs in its own virtualenv (docs/generation.md), from the
+repository root (it imports no normx module; the output file is its ``--out``):
 
-    python3 -m venv /work/lxt-venv
-    /work/lxt-venv/bin/pip install torch==2.13.0 'transformers==4.52.4'
-    /work/lxt-venv/bin/pip install --no-deps lxt zennit
-    python bench/generation_peers.py export /work/lxt-model     # (normx's venv) the model as a plain folder
-    /work/lxt-venv/bin/python bench/lxt_attnlrp.py rows /work/lxt-model STEPS.json ROWS.json
-    /work/lxt-venv/bin/python bench/lxt_attnlrp.py cost /work/lxt-model COST.json LENGTH ROUNDS [LONG_CALL_S]
+    python3 -m venv LXT_VENV
+    LXT_VENV/bin/pip install torch==2.13.0 'transformers==4.52.4'
+    LXT_VENV/bin/pip install --no-deps lxt zennit
+    python -m studies.generation.peers export LXT_MODEL       # (normx's venv) the model as a plain folder
+    LXT_VENV/bin/python -m studies.parity.lxt_attnlrp rows LXT_MODEL STEPS.json ROWS.json
+    LXT_VENV/bin/python -m studies.parity.lxt_attnlrp cost LXT_MODEL COST.json LENGTH ROUNDS [LONG_CALL_S]
 
-(``bench/generation_peers.py score`` and ``cost`` run these two commands themselves; ``cost`` prints JSON.)
+(``studies.generation.peers score`` and ``cost`` and ``studies.parity.attnlrp`` run these commands themselves, given
+``--lxt-python LXT_VENV/bin/python --lxt-model LXT_MODEL``; ``cost`` prints JSON.)
 
 ``lxt.efficient`` imports ``torchvision.models.vision_transformer`` at import time for its ViT patches; PyPI's
 torchvision wheels are CUDA builds that cannot load with the CPU torch (``operator torchvision::nms does not
@@ -108,8 +110,7 @@ def rows(model_dir: str, steps_file: str, out_file: str) -> None:
 
 
 def cost(model_dir: str, cost_file: str, length: str, rounds: str, long_call_s: str = "inf") -> None:
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from peer_cost import measure
+    from studies.timing.peer_cost import measure
 
     torch.set_num_threads(1)
     model, versions = load(model_dir)

@@ -1,5 +1,5 @@
 """Time and peak memory of explaining every step of one generation against one plain forward pass, as
-``bench/generation_peers.py`` measures every method (normx's, inseq's, Captum's, and LXT's in its own virtualenv:
+``studies/generation/peers.py`` measures every method (normx's, inseq's, Captum's, and LXT's in its own virtualenv:
 this module needs only torch and the standard library).
 
 Memory: the peak resident set (Linux ``VmHWM``) reached during one call, minus the resident set just before it.

@@ -2,14 +2,14 @@
 existing `normx attribute` folder (new ids), its report written, then opened in Chromium (Playwright): the time until
 the first page's highlighted tokens show, to sort by confidence, and to reach the last page.
 
-    python bench/report_load.py attributions/sst2 100000
+    python -m studies.timing.report_load attributions/sst2 100000 [--out FILE]
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from normx.bulk.report import write_report
+from studies.settings import Printed, add_out_option
 
 
 def grow(source: Path, rows: int, out: Path) -> None:
@@ -32,7 +33,12 @@ def grow(source: Path, rows: int, out: Path) -> None:
 def main() -> int:
     from playwright.sync_api import expect, sync_playwright
 
-    source, rows = Path(sys.argv[1]), int(sys.argv[2])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("source", type=Path, help="a normx attribute folder")
+    parser.add_argument("rows", type=int, help="rows of the grown folder")
+    add_out_option(parser, "the printed line, also written to this file")
+    args = parser.parse_args()
+    source, rows, say = args.source, args.rows, Printed(args.out)
     folder = Path(tempfile.mkdtemp(prefix="normx-report-"))
     try:
         grow(source, rows, folder)
@@ -57,10 +63,11 @@ def main() -> int:
             expect(page.locator("#examples tbody tr .u").last).to_be_visible(timeout=120_000)
             timings["last page"] = time.perf_counter() - started
             browser.close()
-        print(f"{rows} rows: report written in {written:.1f} s ({index.stat().st_size / 1e6:.1f} MB index, "
+        say(f"{rows} rows: report written in {written:.1f} s ({index.stat().st_size / 1e6:.1f} MB index, "
               f"{size / 1e6:.0f} MB in all); " + ", ".join(f"{k} {v:.2f} s" for k, v in timings.items()))
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+    say.save()
     return 0
 
 

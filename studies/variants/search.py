@@ -1,6 +1,6 @@
 """The selection step of the one-pass variant search (docs/variants.md), on data that is never reported.
 
-Every experimental variant of NormXLogit (``normx methods`` lists them; normx/variants.py) is evaluated with the
+Every experimental variant of NormXLogit (``normx methods`` lists them; normx/methods/variants.py) is evaluated with the
 faithfulness engine (AOPC comprehensiveness and sufficiency, the protocol of docs/results.md) on the presets'
 *training* data, next to NormXLogit itself:
 
@@ -16,7 +16,7 @@ The held-out report then runs each variant once, at that setting, with ``normx e
 
 Usage (about 40 minutes on a 2-core CPU)::
 
-    NORMX_DATA=../shared/data python bench/variant_search.py --out docs/results/variants-selection
+    python -m studies.variants.search --data DIR --out docs/results/variants-selection   # or $NORMX_DATA
 
 writes ``selection.json`` (settings, every AOPC, seconds) and ``selection.csv`` and prints the table.
 Not part of the test suite.
@@ -49,7 +49,7 @@ def selection_examples(task: str, data: str | None):
 
 def run(out: Path, data: str | None, tasks: list[str]) -> list[dict]:
     import normx
-    from normx.evaluation.faithfulness.run import evaluate
+    from normx.evaluation.faithfulness import evaluate
 
     rows = []
     for task in tasks:
@@ -93,7 +93,7 @@ def choose(rows: list[dict]) -> dict[str, dict]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
     parser.add_argument("--data", default=None, help="the data folder (default: $NORMX_DATA)")
     parser.add_argument("--tasks", default=",".join(TASKS))
