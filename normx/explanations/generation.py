@@ -8,7 +8,9 @@ recency baseline take that one pass for all steps, batched over prompts; so do t
 (``Method.query_rows``: attention, norm-based attention), whose row for the prediction at position q is final once q
 has run, so step t reads row q = p - 1 of the one pass (p: the generated token's index) over the keys before p. The
 others (the gradient methods, which differentiate the prediction; the random baselines) take one pass (and backward
-pass) per step on its prefix, the steps batched as rows. Everything is computed from the ids the model produced,
+pass) per step on its prefix, the steps batched as rows. Methods with a response-level computation run once for
+the whole response (:mod:`normx.explanations.generation_response`: the ablations always, the gradient methods with
+``scope="response"``). Everything is computed from the ids the model produced,
 never from re-encoded text.
 """
 
@@ -24,6 +26,7 @@ from normx.core.forward import Pass
 from normx.core.inputs import Encoded, batches, max_input_length, positive_int
 from normx.errors import EmptyTextError, InputTooLongError, InvalidInputError, UnsupportedModelError
 from normx.explanations.explain import Plan, attribute_batch, model_settings, prepare
+from normx.explanations.generation_response import at_response_level, response_level
 from normx.explanations.generation_result import Generation, Generations
 from normx.methods import Context
 from normx.models import HeadKind
@@ -31,7 +34,7 @@ from normx.models import HeadKind
 
 def explain_generation(model, tokenizer, prompts: str | Sequence[str], method: str = "normxlogit", layer=None, *,
                        target=None, max_new_tokens: int = 20, chat: bool = False, gen_args: dict | None = None,
-                       batch_size: int = 8, **options) -> Generation | list[Generation]:
+                       batch_size: int = 8, scope: str | None = None, **options) -> Generation | list[Generation]:
     """Generate a continuation of each prompt (or take the given one) and explain every generated token.
 
     Args:
@@ -48,6 +51,11 @@ def explain_generation(model, tokenizer, prompts: str | Sequence[str], method: s
         chat: wrap each prompt as a user message with the tokenizer's chat template and its generation prompt.
         gen_args: more keyword arguments for ``model.generate`` (e.g. ``{"do_sample": True, "top_p": 0.9}``).
         batch_size: sequences per forward pass (one-pass methods), or prefixes per pass (gradient methods).
+        scope: ``"response"`` runs a method with a response-level computation (``Method.response``: the gradient
+            methods and AttnLRP) once for the whole response: ONE backward pass of the response's total
+            log-probability, each token's score divided evenly over the steps that see it
+            (:mod:`normx.methods.response`); ``"step"``: one computation per generated token; ``None``: the
+            method's own (the ablations, ``leave_one_out`` and ``contextcite``, always score the whole response).
         **options: the method's own options, as in :func:`normx.explain`.
     """
     single = isinstance(prompts, str)
@@ -61,6 +69,7 @@ def explain_generation(model, tokenizer, prompts: str | Sequence[str], method: s
     if gen_args is not None and not isinstance(gen_args, dict):
         raise InvalidInputError(f"gen_args must be a dict of model.generate arguments, got {type(gen_args).__name__}")
     plan = _causal_plan(model, tokenizer, method, layer, options, "explain_generation")
+    at_response_level(plan, scope)  # a scope the method does not have is refused before any generation
     limit = max_input_length(tokenizer, plan.handle)
     sequences = []
     for prompt, forced in zip(prompts, targets):
@@ -72,7 +81,7 @@ def explain_generation(model, tokenizer, prompts: str | Sequence[str], method: s
                                     f"than the {limit} tokens this model takes")
         sequences.append((prompt, ids, new))
     request = {"layer": layer, "chat": chat, "max_new_tokens": max_new_tokens, "teacher_forcing": target is not None,
-               "gen_args": dict(gen_args or {})}
+               "gen_args": dict(gen_args or {}), "scope": scope}
     out = _explained(plan, tokenizer, sequences, batch_size, request)
     return out[0] if single else Generations(out)
 
@@ -115,7 +124,8 @@ def explain_token_ids(model, tokenizer, token_ids: Sequence[Sequence[int]], prom
             raise InputTooLongError(f"a sequence has {len(ids)} tokens; this model takes {limit}")
         item = _encoded(tokenizer, ids)
         sequences.append((item.text[:item.offsets[length - 1][1]], ids[:length], ids[length:]))
-    request = {"layer": layer, "chat": False, "max_new_tokens": None, "teacher_forcing": True, "gen_args": {}}
+    request = {"layer": layer, "chat": False, "max_new_tokens": None, "teacher_forcing": True, "gen_args": {},
+               "scope": None}
     return _explained(plan, tokenizer, sequences, batch_size, request)
 
 
@@ -133,8 +143,13 @@ def _explained(plan: Plan, tokenizer, sequences: list[tuple[str, list[int], list
     the ``request``'s layer, chat, max_new_tokens, teacher_forcing and gen_args in the settings."""
     items = [_encoded(tokenizer, ids + new) for _, ids, new in sequences]
     lengths = [len(ids) for _, ids, _ in sequences]
-    compute = _one_pass if plan.method.per_position or plan.method.query_rows is not None else _per_step
-    scores, probabilities, predictions, shown, diagnostics = compute(plan, tokenizer, items, lengths, batch_size)
+    if at_response_level(plan, request["scope"]):
+        scores, probabilities, predictions, shown, diagnostics, added = response_level(
+            plan, tokenizer, [prompt for prompt, _, _ in sequences], items, lengths, batch_size)
+    else:
+        compute = _one_pass if plan.method.per_position or plan.method.query_rows is not None else _per_step
+        scores, probabilities, predictions, shown, diagnostics = compute(plan, tokenizer, items, lengths, batch_size)
+        added = [{}] * len(items)
     settings = {"method": plan.method.name, "layer": request["layer"], "chat": request["chat"],
                 "max_new_tokens": request["max_new_tokens"], "reading": plan.method.reading_for(plan.options),
                 "label_dependent": plan.method.label_dependent, "teacher_forcing": request["teacher_forcing"],
@@ -143,9 +158,9 @@ def _explained(plan: Plan, tokenizer, sequences: list[tuple[str, list[int], list
                        vocabulary_tokens=list(item.tokens),
                        offsets=list(item.offsets), special=list(item.special), prompt_length=length, scores=s,
                        probabilities=p, predictions=q, layers=list(plan.layers), method=plan.method.name,
-                       settings=settings, family=plan.adapter.family, alternatives=a, diagnostics=d)
-            for (prompt, _, _), item, length, s, p, q, a, d in zip(sequences, items, lengths, scores, probabilities,
-                                                                 predictions, shown, diagnostics)]
+                       settings={**settings, **extra}, family=plan.adapter.family, alternatives=a, diagnostics=d)
+            for (prompt, _, _), item, length, s, p, q, a, d, extra in zip(
+                sequences, items, lengths, scores, probabilities, predictions, shown, diagnostics, added)]
 
 
 # ---- inputs --------------------------------------------------------------------------------------------------------

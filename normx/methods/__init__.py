@@ -2,12 +2,24 @@
 computes from) and the built-in methods, which register themselves on import: the head-on-top methods (NormXLogit,
 LogAt, ℓ2; :mod:`~normx.methods.headontop`) and their experimental variants, the gradient methods, the random
 baselines (random, recency), DecompX, the context-mixing methods (GlobEnc, ALTI, Value Zeroing) and the decoder
-attention maps (attention, norm-based attention; :mod:`~normx.methods.decoder`).
+attention maps (attention, norm-based attention; :mod:`~normx.methods.decoder`); the ablations over a response's
+sources (leave-one-out, ContextCite; :mod:`~normx.methods.ablation`), and the gradient methods' response level
+(:mod:`~normx.methods.response_scope`).
 
 Layer 3: imports ``normx.core`` and ``normx.models``; ``normx.explanations`` runs the methods by name.
 """
 
-from normx.methods import baselines, decoder, decompx, gradients, headontop, mixing, variants  # noqa: F401 (registration)
+from normx.methods import (  # noqa: F401 (registration)
+    ablation,
+    baselines,
+    decoder,
+    decompx,
+    gradients,
+    headontop,
+    mixing,
+    response_scope,  # imports the methods it extends, then registers them again with their response computation
+    variants,
+)
 from normx.methods.registry import (
     RESERVED_OPTIONS,
     Context,

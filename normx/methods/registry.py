@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
     from normx.core.forward import Pass
     from normx.core.labels import LabelSpace
+    from normx.methods.response import ResponseContext, ResponseRows
 
 
 @dataclass
@@ -143,6 +144,13 @@ class Method:
     # it holds the model exclusively for a forward pass (eager attention, a model-wide switch): every other call on
     # the model waits meanwhile, so a server runs it in its lane for expensive work, never beside long work
     exclusive: bool = False
+    # response-level computation (normx.methods.response): scores a causal LM's whole response from its own passes
+    # (the ablations; the gradient methods' one backward pass of the response's log-probability), which
+    # explain_generation runs with scope="response"; ``response_only`` methods have no other computation (their
+    # ``compute`` refuses normx.explain), are always run that way and are listed only by
+    # ``list_methods(response_only=True)``
+    response: Callable[[ResponseContext], ResponseRows] | None = None
+    response_only: bool = False
     # how its scores read, which decides how every view draws them (normx.explanations.display): "signed" (the sign
     # says toward / away from the label, 0 is no effect), "relative" (a logit-like score whose zero is arbitrary:
     # compare tokens, not signs) or "magnitude" (unsigned amounts); or a function of the options that decide it
@@ -243,10 +251,13 @@ def get_method(name: str) -> Method:
     return _METHODS[name]
 
 
-def list_methods(*, experimental: bool = False) -> list[str]:
+def list_methods(*, experimental: bool = False, response_only: bool = False) -> list[str]:
     """Names of the registered attribution methods; ``experimental=True`` adds the experimental ones (candidates
-    under study, usable by name: ``Method.experimental``)."""
-    return sorted(name for name, method in _METHODS.items() if experimental or not method.experimental)
+    under study, usable by name: ``Method.experimental``); ``response_only=True`` the methods that only score a
+    whole response's sources (the ablations: ``Method.response_only``, for explain_generation and
+    explain_context)."""
+    return sorted(name for name, method in _METHODS.items()
+                  if (experimental or not method.experimental) and (response_only or not method.response_only))
 
 
 def describe_methods(*, experimental: bool = False) -> dict[str, str]:

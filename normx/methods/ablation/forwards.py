@@ -1,0 +1,72 @@
+"""The ablated forward passes: the response's per-token outcomes with some sources of the prompt removed.
+
+A source is removed by leaving its tokens out of the id sequence: the model reads the remaining prompt ids, then the
+response's ids, numbered from 0 as any sequence (the positions close up, as if the text had been written without
+it). ContextCite removes the source's text and tokenises again; removing the ids instead keeps every other token the
+same token (no re-tokenisation drift at the seams: a space or a merge across the cut) and the response's ids exactly
+the ones explained. The sequences are batched (right padding, which a causal model's real tokens never see) and
+every pass reads the head at the response positions only.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from normx._torch import torch
+from normx.core.hooks import output_tensor
+from normx.methods.response import ResponseContext, response_positions
+
+
+def kept_ids(ctx: ResponseContext, sources: list[list[int]], keep: np.ndarray) -> list[int]:
+    """The sequence's ids without the tokens of the sources ``keep`` (bool [sources]) marks False."""
+    removed = {i for members, kept in zip(sources, keep) if not kept for i in members}
+    return [token for i, token in enumerate(ctx.item.ids) if i not in removed]
+
+
+def outcomes(ctx: ResponseContext, sources: list[list[int]], keeps: np.ndarray, desc: str = "ablations"
+             ) -> tuple[np.ndarray, np.ndarray, torch.Tensor]:
+    """One forward pass per row of ``keeps`` (bool [M, sources]; row 0 should keep every source), batched:
+    ``(log-probabilities [M, n], logit-probabilities [M, n], logits [n, V] of row 0)``, float64 outcomes of each
+    response token under each ablation. The logit-probability of a token is ``log p - log(1 - p)``, computed as
+    ContextCite does: its logit minus the log-sum-exp of every other logit."""
+    model, adapter = ctx.model, ctx.adapter
+    n = ctx.steps
+    targets = torch.tensor(ctx.ids[ctx.prompt_length:], device=ctx.handle.device)
+    sequences = [kept_ids(ctx, sources, keep) for keep in keeps]
+    per_pass = ctx.handle.rows_per_pass(int(ctx.options.get("internal_batch_size") or ctx.batch_size))
+    log_p = np.zeros((len(sequences), n))
+    logit_p = np.zeros((len(sequences), n))
+    first = None
+    bar = _progress(len(sequences), desc) if len(sequences) > per_pass else None
+    for start in range(0, len(sequences), per_pass):
+        chunk = sequences[start:start + per_pass]
+        width = max(len(s) for s in chunk)
+        ids = torch.zeros((len(chunk), width), dtype=torch.long)
+        mask = torch.zeros((len(chunk), width), dtype=torch.long)
+        for r, seq in enumerate(chunk):
+            ids[r, :len(seq)] = torch.tensor(seq)
+            mask[r, :len(seq)] = 1
+        ids, mask = ids.to(ctx.handle.device), mask.to(ctx.handle.device)
+        with ctx.handle.using(), torch.no_grad():
+            hidden = output_tensor(model.base_model(input_ids=ids, attention_mask=mask, **adapter.forward_kwargs))
+            for r, seq in enumerate(chunk):
+                where = torch.tensor(response_positions(len(seq) - n, len(seq)), device=ids.device)
+                logits = adapter.head(model, hidden[r, where], None).float()  # [n, V]
+                if first is None:
+                    first = logits
+                chosen = logits.gather(1, targets[:, None])[:, 0]
+                log_p[start + r] = (chosen - torch.logsumexp(logits, -1)).double().cpu().numpy()
+                others = logits.scatter(1, targets[:, None], float("-inf"))
+                logit_p[start + r] = (chosen - torch.logsumexp(others, -1)).double().cpu().numpy()
+        if bar is not None:
+            bar.update(len(chunk))
+    if bar is not None:
+        bar.close()
+    return log_p, logit_p, first
+
+
+def _progress(total: int, desc: str):
+    """A progress bar on a terminal (tqdm decides: none when standard error is not one)."""
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit="pass", dynamic_ncols=True, leave=False, disable=None)

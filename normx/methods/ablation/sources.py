@@ -1,0 +1,119 @@
+"""Sources: the parts of a text (sentences, paragraphs, lines, words, tokens) that context attribution scores, as
+character spans of the text, and the tokens each covers.
+
+Sentences come from nltk's Punkt splitter, untrained (nothing is downloaded, nothing is read from disk) and given
+common English abbreviations, run on each line separately (as ContextCite's partitioner does: a line break always
+ends a sentence). Paragraphs are separated by blank lines, lines by line breaks, words by white space. Every span is
+stripped of the white space around it and never empty.
+
+A token belongs to the source its characters overlap most; special tokens, tokens of no characters (a BOS) and
+tokens outside the text's region (a chat template's scaffolding) belong to none.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from itertools import pairwise
+
+from normx.errors import InvalidInputError
+
+SPLITS = ("sentences", "paragraphs", "lines", "words")
+# common English abbreviations (lower case, without their final period) that do not end a sentence
+ABBREVIATIONS = frozenset({
+    "mr", "mrs", "ms", "dr", "prof", "sr", "jr", "st", "mt", "ft", "vs", "etc", "e.g", "i.e", "cf", "al", "approx",
+    "inc", "ltd", "co", "corp", "dept", "univ", "assn", "bros", "gen", "gov", "sen", "rep", "col", "capt", "lt",
+    "sgt", "rev", "hon", "no", "nos", "vol", "vols", "fig", "figs", "eq", "eqs", "ch", "sec", "pp", "ed", "eds",
+    "a.m", "p.m", "u.s", "u.k", "u.n", "e.u", "jan", "feb", "mar", "apr", "jun", "jul", "aug", "sep", "sept", "oct",
+    "nov", "dec", "mon", "tue", "wed", "thu", "fri", "sat", "sun", "est", "ca", "c", "b", "d", "ph.d", "m.d",
+})
+_PARAGRAPH_BREAK = re.compile(r"\n[ \t\r\f\v]*\n")
+
+
+def _sentence_splitter():
+    from nltk.tokenize.punkt import PunktSentenceTokenizer
+
+    splitter = PunktSentenceTokenizer()  # untrained: offline, no punkt data
+    splitter._params.abbrev_types.update(ABBREVIATIONS)
+    return splitter
+
+
+def split_text(text: str, how: str = "sentences") -> list[tuple[int, int]]:
+    """Character spans ``[start, end)`` of ``text``'s sentences, paragraphs, lines or words (``how``), in order,
+    stripped of surrounding white space; white space alone gives no span."""
+    if how not in SPLITS:
+        raise InvalidInputError(f"sources={how!r} is not a way to split a text; use one of {SPLITS}")
+    if how == "words":
+        return [m.span() for m in re.finditer(r"\S+", text)]
+    if how == "paragraphs":
+        pieces, start = [], 0
+        for m in _PARAGRAPH_BREAK.finditer(text):
+            pieces.append((start, m.start()))
+            start = m.end()
+        pieces.append((start, len(text)))
+        return [span for span in (_stripped(text, a, b) for a, b in pieces) if span is not None]
+    lines, start = [], 0
+    for m in re.finditer(r"\r\n|\n|\r", text):
+        lines.append((start, m.start()))
+        start = m.end()
+    lines.append((start, len(text)))
+    lines = [span for span in (_stripped(text, a, b) for a, b in lines) if span is not None]
+    if how == "lines":
+        return lines
+    splitter = _sentence_splitter()
+    out = []
+    for a, b in lines:
+        for s, e in splitter.span_tokenize(text[a:b]):
+            span = _stripped(text, a + s, a + e)
+            if span is not None:
+                out.append(span)
+    return out
+
+
+def _stripped(text: str, start: int, end: int) -> tuple[int, int] | None:
+    while start < end and text[start].isspace():
+        start += 1
+    while end > start and text[end - 1].isspace():
+        end -= 1
+    return (start, end) if end > start else None
+
+
+def token_sources(spans: Sequence[tuple[int, int]], offsets: Sequence[tuple[int, int]], special: Sequence[bool],
+                  count: int | None = None) -> list[list[int]]:
+    """For each character span, the indices (among the first ``count`` tokens; default all) of the tokens whose
+    characters overlap it most; special and empty tokens are in none. A span that no token falls in has an empty
+    list."""
+    count = len(offsets) if count is None else count
+    out: list[list[int]] = [[] for _ in spans]
+    for i in range(count):
+        start, end = offsets[i]
+        if special[i] or end <= start:
+            continue
+        best, overlap = None, 0
+        for k, (a, b) in enumerate(spans):
+            shared = min(b, end) - max(a, start)
+            if shared > overlap:
+                best, overlap = k, shared
+        if best is not None:
+            out[best].append(i)
+    return out
+
+
+def check_spans(given, what: str = "sources") -> list[list[int]]:
+    """Token spans as a user gives them (``[(start, end), ...]``, end exclusive, non-overlapping) -> ``[[start,
+    end], ...]``; :class:`InvalidInputError` otherwise."""
+    if isinstance(given, str) or not isinstance(given, Sequence) or not given:
+        raise InvalidInputError(f"{what} must be one of {(*SPLITS, 'tokens')} or a non-empty list of (start, end) "
+                                f"token spans, got {given!r:.80}")
+    spans = []
+    for span in given:
+        ok = isinstance(span, Sequence) and not isinstance(span, str) and len(span) == 2 and all(
+            isinstance(v, int) and not isinstance(v, bool) for v in span)
+        if not ok or not 0 <= span[0] < span[1]:
+            raise InvalidInputError(f"each of {what} must be a (start, end) pair of token indices with 0 <= start "
+                                    f"< end, got {span!r:.80}")
+        spans.append([int(span[0]), int(span[1])])
+    ordered = sorted(spans)
+    if any(b[0] < a[1] for a, b in pairwise(ordered)):
+        raise InvalidInputError(f"{what} overlap: each token may be in one source only, got {spans!r:.120}")
+    return spans
