@@ -68,4 +68,4 @@ def space(session):
 @nox.session
 def lint(session):
     session.install("ruff")
-    session.run("ruff", "check", "normx", "tests", "bench", "demo", "docs/_mkdocs", "noxfile.py")
+    session.run("ruff", "check", "normx", "tests", "bench", "studies", "demo", "docs/_mkdocs", "noxfile.py")

@@ -1,4 +1,4 @@
-"""Coverage measured against transformers itself (bench/architecture_coverage.py; docs/supported.md): a
+"""Coverage measured against transformers itself (studies/coverage/architectures.py; docs/supported.md): a
 representative sample in the default run, every architecture with ``-m slow``. A verified model's NormXLogit must
 equal the reference read from the model's own outputs; a refused one must say why; the verdicts must be the ones
 ``normx supported`` prints (normx/models/coverage.json)."""
@@ -97,9 +97,9 @@ ROOT = STORED.parents[2]
 
 
 def test_docs_supported_is_generated_from_the_table():
-    """docs/supported.md is exactly what ``bench/architecture_coverage.py --docs`` writes from coverage.json."""
+    """docs/supported.md is exactly what ``studies/coverage/architectures.py --docs`` writes from coverage.json."""
     assert (ROOT / "docs" / "supported.md").read_text() == coverage.markdown(), \
-        "docs/supported.md is stale: python bench/architecture_coverage.py --docs"
+        "docs/supported.md is stale: python -m studies.coverage.architectures --docs"
 
 
 def test_readme_quotes_the_computed_counts():
