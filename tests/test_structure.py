@@ -24,9 +24,10 @@ LAYERS = {
     "data": {"models"},
     "zoo": {"data", "models"},
     "bulk": {"explanations", "methods", "core", "data", "models"},
-    "evaluation": {"explanations", "methods", "core", "data", "models"},
-    "serving": {"explanations", "methods", "core", "models", "zoo"},
-    "cli": {"bulk", "evaluation", "serving", "zoo", "explanations", "methods", "core", "data", "models"},
+    "context": {"explanations", "methods", "core", "models"},  # context attribution: sources of a response
+    "evaluation": {"context", "explanations", "methods", "core", "data", "models"},
+    "serving": {"context", "explanations", "methods", "core", "models", "zoo"},
+    "cli": {"bulk", "context", "evaluation", "serving", "zoo", "explanations", "methods", "core", "data", "models"},
     "integrations": {"explanations", "methods", "core", "models"},  # other libraries' APIs (inseq)
 }
 
@@ -42,8 +43,10 @@ def modules() -> dict[str, Path]:
 
 def module_imports(text: str, name: str, is_package: bool, known: set[str]) -> set[str]:
     """The normx modules that module ``name`` (source ``text``) imports anywhere: at the top, inside functions, under
-    ``if TYPE_CHECKING``. ``from package import name`` imports the submodule when ``name`` is one, else the
-    package."""
+    ``if TYPE_CHECKING``. ``from package import name`` imports the submodule when ``name`` is one, and the
+    package's ``__init__`` in any case (Python runs it, and reads the name there); importing a module of another
+    package runs that package's ``__init__`` (and its parents') too, so it counts as importing them. The package
+    ``normx`` itself (the facade, which runs before any of its modules) is left out of both rules."""
     package = name if is_package else name.rpartition(".")[0]
     out = set()
     for node in ast.walk(ast.parse(text)):
@@ -57,14 +60,20 @@ def module_imports(text: str, name: str, is_package: bool, known: set[str]) -> s
             else:
                 source = node.module or ""
             targets = [f"{source}.{alias.name}" if f"{source}.{alias.name}" in known else source
-                       for alias in node.names]
+                       for alias in node.names] + ([source] if source != "normx" else [])
         else:
             continue
         for target in targets:
             while target and target not in known:  # `import normx.models.adapter.x` etc.
                 target = target.rpartition(".")[0]
-            if target.startswith("normx") and target != name:
-                out.add(target)
+            if not target.startswith("normx") or target == name:
+                continue
+            out.add(target)
+            parts = target.split(".")
+            for end in range(2, len(parts)):  # the packages above it that the importer is not inside
+                above = ".".join(parts[:end])
+                if above in known and not (name + ".").startswith(above + "."):
+                    out.add(above)
     return out
 
 
@@ -153,7 +162,29 @@ def test_the_import_reader_sees_deferred_and_type_only_imports():
     text = ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from normx.methods import registry\n"
             "def f():\n    import normx.explanations.result\n    from ..cli import main\n    from . import hooks\n")
     found = module_imports(text, "normx.core.forward", False, set(modules()))
-    assert found == {"normx.methods.registry", "normx.explanations.result", "normx.cli.main", "normx.core.hooks"}
+    assert found == {"normx.methods.registry", "normx.explanations.result", "normx.cli.main", "normx.core.hooks",
+                     "normx.methods", "normx.explanations", "normx.cli", "normx.core"}
+
+
+def test_package_init_cycles_are_found():
+    """The cycles #44 found: a package's __init__ that imports a module which imports the package back by name
+    (``from normx.cli import cache`` in ``normx.cli.main``), and two packages whose modules import each other's
+    (``normx.methods.decoder.linear`` -> ``normx.methods.decompx.model`` runs ``normx.methods.decompx``'s __init__,
+    which imports a module that imports ``normx.methods.decoder.contributions``)."""
+    known = set(modules())
+    edges = {"normx.cli": {"normx.cli.main"},
+             "normx.cli.main": module_imports("def f():\n    from normx.cli import cache\n", "normx.cli.main",
+                                              False, known)}
+    assert cycles(edges) == [["normx.cli", "normx.cli.main"]]
+    decoder, decompx = "normx.methods.decoder", "normx.methods.decompx"
+    edges = {decoder: {f"{decoder}.linear"},
+             f"{decoder}.linear": module_imports(f"def f():\n    from {decompx}.model import affine\n",
+                                                 f"{decoder}.linear", False, known),
+             decompx: {f"{decompx}.method"},
+             f"{decompx}.method": module_imports(f"from {decoder}.contributions import decoder_decompx\n",
+                                                 f"{decompx}.method", False, known)}
+    assert decompx in edges[f"{decoder}.linear"] and decoder in edges[f"{decompx}.method"]
+    assert len(cycles(edges)) == 1
 
 
 def test_at_most_five_modules_at_the_top_and_every_layer_says_what_it_owns():
@@ -179,6 +210,42 @@ def test_family_module_paths_live_in_the_adapters():
             if FAMILY_PATHS.search(code) and not code.strip().startswith(("\"", "'")):
                 offenders.append(f"{file.relative_to(PACKAGE.parent)}:{number}: {line.strip()}")
     assert not offenders, "model-family module paths outside normx/models:\n" + "\n".join(offenders)
+
+
+# what a model family calls its decoder projections and layouts, and the config attributes they hang on: read in
+# normx/models (decoder_attention, decoder, discovery) and nowhere else
+DECODER_NAMES = re.compile(r"\b(q_proj|k_proj|v_proj|o_proj|qkv_proj|c_attn|c_proj|query_key_value|gate_proj|up_proj"
+                           r"|down_proj|gate_up_proj|split_size|clip_qkv|final_logit_softcapping)\b")
+
+
+def decoder_name_offenders(root: Path = PACKAGE) -> list[str]:
+    """Every line outside ``normx/models`` that names a decoder projection or layout (code, strings, comments and
+    docstrings alike), but a LoRA recipe's target modules in ``normx/zoo``."""
+    offenders = []
+    for file in sorted(root.rglob("*.py")):
+        parts = file.relative_to(root).parts
+        if parts[0] == "models":
+            continue
+        for number, line in enumerate(file.read_text().splitlines(), 1):
+            if DECODER_NAMES.search(line) and not (parts[0] == "zoo" and "Recipe(" in line):
+                offenders.append(f"{file.relative_to(root.parent)}:{number}: {line.strip()}")
+    return offenders
+
+
+def test_decoder_projection_names_live_in_the_models_layer():
+    offenders = decoder_name_offenders()
+    assert not offenders, "decoder projection or layout names outside normx/models:\n" + "\n".join(offenders)
+
+
+def test_the_decoder_name_check_finds_a_projection_name(tmp_path):
+    root = tmp_path / "normx"
+    files = {"models": "x = attention.q_proj\n", "methods": '"""reads c_attn"""\n',
+             "zoo": "Recipe('sst2', ('q_proj', 'v_proj'))\nother = 'v_proj'\n"}
+    for folder, text in files.items():
+        (root / folder).mkdir(parents=True)
+        (root / folder / "a.py").write_text(text)
+    found = [":".join(line.split(":")[:2]) for line in decoder_name_offenders(root)]
+    assert found == ["normx/methods/a.py:1", "normx/zoo/a.py:2"]
 
 
 # the distribution each imported top-level module comes from, where the names differ

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import argparse
 
-from normx.cli import blimp, faithfulness
+import normx.cli.blimp
+import normx.cli.faithfulness
 
-EXPERIMENTS = {"faithfulness": faithfulness, "blimp": blimp}  # experiment -> module with add_parser
+# experiment -> module with add_parser (imported by their paths: `from normx.cli import ...` would run the package's
+# __init__, which imports normx.cli.main, which imports this module)
+EXPERIMENTS = {"faithfulness": normx.cli.faithfulness, "blimp": normx.cli.blimp}
 
 
 def add_evaluate_parser(sub) -> argparse.ArgumentParser:

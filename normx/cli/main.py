@@ -95,12 +95,17 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         add_evaluate_parser(sub)
     else:
         sub.add_parser("evaluate", help="evaluate explanations: faithfulness, blimp")
-    from normx.cli import cache, generate, space, supported
+    from normx.cli.cache import add_parser as add_cache
+    from normx.cli.cite import add_parser as add_cite
+    from normx.cli.generate import add_parser as add_generate
+    from normx.cli.space import add_parser as add_space
+    from normx.cli.supported import add_parser as add_supported
 
-    generate.add_parser(sub, heavy("generate"))
-    space.add_parser(sub)
-    cache.add_parser(sub)
-    supported.add_parser(sub)
+    add_generate(sub, heavy("generate"))
+    add_cite(sub, heavy("cite"))
+    add_space(sub)
+    add_cache(sub)
+    add_supported(sub)
     show = sub.add_parser("show", help="one HTML report of a folder written by `normx attribute`: the corpus "
                                        "summary and every example, sortable and paged")
     show.add_argument("folder", metavar="DIR")
@@ -141,7 +146,7 @@ def _run(args) -> int:
             for name, description in experimental.items():
                 print(f"{name:<20} {description}")
         return 0
-    if args.command in ("evaluate", "generate", "space", "supported", "cache"):  # commands with a module of their own
+    if args.command in ("evaluate", "generate", "cite", "space", "supported", "cache"):  # commands with a module of their own
         return importlib.import_module(f"normx.cli.{args.command}").run(args)
     if args.command == "models":
         return _models(args)
@@ -188,7 +193,7 @@ def _run(args) -> int:
 
 def _attribute(args) -> int:
     from normx.bulk.attribute import attribute_dataset
-    from normx.cli import flags as method_flags
+    from normx.cli.flags import given_options
     from normx.cli.options import load
     from normx.data.rows import _pyarrow_parquet
     from normx.methods import get_method
@@ -201,7 +206,7 @@ def _attribute(args) -> int:
 
     check_run(args.data, args.out, method=args.method, target=_target(args.target), layer=layer,  # before the model
               text_column=args.text_column, pair_column=args.pair_column, limit=args.limit, shard_size=args.shard_size,
-              max_tokens=args.max_tokens, batch_size=args.batch_size, **method_flags.given_options(args))
+              max_tokens=args.max_tokens, batch_size=args.batch_size, **given_options(args))
     model, tokenizer = load(args)
     local = os.environ.get("LOCAL_RANK")
     if local is not None:
@@ -213,7 +218,7 @@ def _attribute(args) -> int:
     run = attribute_dataset(model, tokenizer, args.data, args.out, method=args.method, target=target, layer=layer,
                             text_column=args.text_column, pair_column=args.pair_column, limit=args.limit,
                             shard_size=args.shard_size, max_tokens=args.max_tokens, batch_size=args.batch_size,
-                            progress=not args.no_progress, **method_flags.given_options(args))
+                            progress=not args.no_progress, **given_options(args))
     if run.rank == 0:
         print(run.summary(), file=sys.stderr)
     return 0

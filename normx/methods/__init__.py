@@ -1,9 +1,11 @@
 """Attribution methods: the registry (:mod:`~normx.methods.registry`: what a method is, its options, the context it
 computes from) and the built-in methods, which register themselves on import: the head-on-top methods (NormXLogit,
-LogAt, ℓ2; :mod:`~normx.methods.headontop`) and their experimental variants, the gradient methods, the random
-baselines (random, recency), DecompX, the context-mixing methods (GlobEnc, ALTI, Value Zeroing) and the decoder
-attention maps (attention, norm-based attention; :mod:`~normx.methods.decoder`); the ablations over a response's
-sources (leave-one-out, ContextCite; :mod:`~normx.methods.ablation`), and the gradient methods' response level
+LogAt, ℓ2; :mod:`~normx.methods.headontop`) and their experimental variants (:mod:`~normx.methods.variants`), the
+gradient methods, the random baselines (random, recency), DecompX (BERT-style encoders and, as decoder DecompX,
+causal decoders), the context-mixing methods (GlobEnc, ALTI, Value Zeroing) and the decoder methods
+(:mod:`~normx.methods.decoder`: attention, norm-based attention, ALTI-Logit, AttnLRP and the experimental
+Attention-Logit). The numerics they share are :mod:`~normx.methods.numerics`'s. The ablations over a response's sources
+(leave-one-out, ContextCite; :mod:`~normx.methods.ablation`) and the gradient methods' response level
 (:mod:`~normx.methods.response_scope`).
 
 Layer 3: imports ``normx.core`` and ``normx.models``; ``normx.explanations`` runs the methods by name.

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from normx._torch import torch
 from normx.errors import InvalidInputError
+from normx.models.decoder_attention import AttentionParts, read_block_attention
 from normx.models.encoder import BlockLayout
 from normx.models.modules import ModuleRef, resolve
 
@@ -64,6 +65,10 @@ class Adapter:
       (:class:`~normx.models.encoder.BlockLayout`): what GlobEnc, ALTI, Value Zeroing and DecompX read.
     - ``head_steps(model)``: the head-on-top as decomposable steps (:class:`~normx.models.encoder.Step`), for
       DecompX.
+    - ``decoder_attention(block, config)``: for a decoder family whose attention follows none of the conventions of
+      :mod:`normx.models.decoder_attention`, its own reader of one block's self-attention parts
+      (:class:`~normx.models.decoder_attention.AttentionParts`, or a sentence saying why not); what every decoder
+      attention method reads (:meth:`attention_parts`).
     """
 
     family: str
@@ -77,6 +82,7 @@ class Adapter:
     reserved_positions: Callable[[Any], int] | None = None
     encoder_block: BlockLayout | None = None
     head_steps: Callable[[nn.Module], list] | None = None
+    decoder_attention: Callable[[nn.Module, Any], AttentionParts | str] | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "kind", HeadKind(self.kind))
@@ -115,6 +121,13 @@ class Adapter:
 
     def block_modules(self, model: nn.Module) -> list[nn.Module]:
         return list(resolve(model, self.blocks))
+
+    def attention_parts(self, model: nn.Module, block: nn.Module) -> AttentionParts | str:
+        """One decoder block's self-attention parts (``decoder_attention``, else transformers' conventions), or
+        why they cannot be read. ``model`` is the (PEFT-unwrapped) model the block belongs to."""
+        config = getattr(model, "config", None)
+        config = config.get_text_config() if hasattr(config, "get_text_config") else config
+        return (self.decoder_attention or read_block_attention)(block, config)
 
     def norm_module(self, model: nn.Module) -> nn.Module | None:
         return None if self.final_norm is None else resolve(model, self.final_norm)

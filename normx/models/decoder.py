@@ -48,13 +48,18 @@ KNOWN_LAYOUTS = ("input_layernorm / ln_1 (+ post_attention_layernorm / ln_2, pre
 @dataclass(frozen=True)
 class MLPLayout:
     """A decoder MLP's parts: ``kind`` is ``"gated"`` (act(gate(y)) * up(y) -> down), ``"fused"`` (gate and up
-    from one projection, gate first) or ``"plain"`` (act(up(y)) -> down)."""
+    from one projection, gate first) or ``"plain"`` (act(up(y)) -> down); ``names`` are the parts' attribute names
+    in the MLP module (``"gate"``, ``"up"``, ``"down"``, ``"act"``), for messages."""
 
     kind: str
     up: nn.Module  # gated: up_proj; fused: gate_up_proj; plain: the first projection
     down: nn.Module
     activation: nn.Module
     gate: nn.Module | None = None  # gated only
+    names: dict[str, str] | None = None
+
+    def name(self, role: str) -> str:
+        return (self.names or {}).get(role, role)
 
 
 @dataclass(frozen=True)
@@ -96,21 +101,29 @@ def _child(module: nn.Module, names) -> nn.Module | None:
 def mlp_layout(mlp: nn.Module) -> MLPLayout | str:
     """The MLP's layout, or why it has none this module knows."""
     mlp = active_module(mlp)
-    activation = _child(mlp, _ACTIVATIONS)
-    if activation is None:
+    act = next((name for name in _ACTIVATIONS if _child(mlp, (name,)) is not None), None)
+    if act is None:
         return f"its {type(mlp).__name__} has no activation module ({' / '.join(_ACTIVATIONS)})"
+    activation = _child(mlp, (act,))
     gate, up, down = (_child(mlp, (name,)) for name in ("gate_proj", "up_proj", "down_proj"))
     if gate is not None and up is not None and down is not None:
-        return MLPLayout("gated", up, down, activation, gate)
+        return MLPLayout("gated", up, down, activation, gate,
+                         {"gate": "gate_proj", "up": "up_proj", "down": "down_proj", "act": act})
     fused = _child(mlp, ("gate_up_proj",))
     if fused is not None and down is not None:
-        return MLPLayout("fused", fused, down, activation)
+        return MLPLayout("fused", fused, down, activation,
+                         names={"up": "gate_up_proj", "down": "down_proj", "act": act})
     for first, second in _PLAIN:
         up, down = _child(mlp, (first,)), _child(mlp, (second,))
         if up is not None and down is not None:
-            return MLPLayout("plain", up, down, activation)
+            return MLPLayout("plain", up, down, activation, names={"up": first, "down": second, "act": act})
     return (f"its {type(mlp).__name__} has none of gate_proj + up_proj + down_proj, gate_up_proj + down_proj, "
             f"{', '.join(' + '.join(pair) for pair in _PLAIN)}")
+
+
+def block_mlp(block: nn.Module) -> nn.Module | None:
+    """The block's MLP module (``mlp`` / ``feed_forward``), or None."""
+    return _child(active_module(block), _MLP)
 
 
 def decoder_block(block: nn.Module) -> DecoderBlock | str:

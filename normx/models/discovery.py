@@ -39,6 +39,16 @@ LOGIT_TRANSFORMS = {
     "logit_scale": lambda z, scale: z * scale,  # Cohere
     "logits_scaling": lambda z, scale: z / scale,  # Granite
 }
+
+
+def logit_softcap(config) -> float | None:
+    """The cap of the tanh the model's forward puts on its LM logits (``final_logit_softcapping``: Gemma-2 / 3), or
+    None."""
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    cap = getattr(config, "final_logit_softcapping", None)
+    return float(cap) if isinstance(cap, (int, float)) and not isinstance(cap, bool) and cap else None
+
+
 # model type -> where its base model breaks the conventions (paths inside the base model); verified like the rest
 OVERRIDES = {
     # a block's parts in four parallel module lists: hidden_states[l + 1] is layer_norm2[l]'s output (post-LN),

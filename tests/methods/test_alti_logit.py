@@ -13,9 +13,9 @@ import torch
 
 import normx
 from normx.errors import UnsupportedModelError
-from normx.methods.decoder.heads import attention_module
 from normx.methods.registry import _METHODS, get_method
 from normx.models import get_adapter
+from normx.models.decoder_attention import attention_module
 
 # RMSNorm families without an attention output bias (Gemma 3: with a post-attention norm)
 FAMILIES = [("llama", "LlamaForCausalLM"), ("qwen2", "Qwen2ForCausalLM"), ("mistral", "MistralForCausalLM"),
@@ -34,7 +34,7 @@ def _attention_logits(model, tok, text: str) -> np.ndarray:
     added, captured, handles = {}, {}, []
     for i, block in enumerate(blocks):
         post = block.post_attention_layernorm if hasattr(block, "post_feedforward_layernorm") else None
-        module = post if post is not None else attention_module(block, i + 1, "test", base)
+        module = post if post is not None else attention_module(block)
         handles.append(module.register_forward_hook(
             lambda m, a, o, i=i: added.__setitem__(i, (o[0] if isinstance(o, tuple) else o)[0, -1].double())))
     handles.append(blocks[-1].register_forward_hook(  # x^L at the query, before the final norm

@@ -17,9 +17,9 @@ For block l with attention probabilities alpha^(l,h) (the model's own), the valu
 - ALTI-Logit at the input token s: sum_l sum_j Delta^l_(q,j) R^(l-1)_(j,s); the score at layer l sums blocks 1..l
   (the default last layer: every block), layer 0 is zero.
 
-Everything comes from one recorded pass (:func:`normx.methods.decoder.decompose.record`, whose wiring and checks it
-shares: the attention parts are checked to sum to the module's own output), so every generation step's row comes
-from one pass too.
+Everything comes from one recorded pass (:func:`normx.methods.decoder.decompose.record_decoder`, whose wiring and
+checks it shares: the attention parts are checked to sum to the module's own output), so every generation step's row
+comes from one pass too.
 """
 
 from __future__ import annotations
@@ -28,15 +28,19 @@ from normx._torch import torch
 from normx.core.forward import Pass
 from normx.errors import UnsupportedModelError
 from normx.methods.decoder.contributions import head_map
-from normx.methods.decoder.decompose import Recording, record
-from normx.methods.decoder.linear import affine_map, norm_map, tolerance
+from normx.methods.decoder.decompose import DecoderRecording, record_decoder
+from normx.methods.decoder.heads import decoder_reason
+from normx.methods.decoder.linear import norm_map
 from normx.methods.decoder.maps import repeat_values
+from normx.methods.numerics import tolerance
+from normx.methods.registry import Method, register_method
+from normx.models.projections import affine
 
 METHOD = "ALTI-Logit"
 _ROWS = 2**21  # about this many floats in one [rows, keys, hidden] block of T (cache-sized)
 
 
-def _mixed(rec: Recording, i: int, row: int, n: int) -> torch.Tensor:
+def _mixed(rec: DecoderRecording, i: int, row: int, n: int) -> torch.Tensor:
     """f [n, H, D]: each token's value vectors through each head's slice of the output projection (no output
     bias), so that T_(i<-j) = sum_h alpha_(h,i,j) f_(j,h)."""
     read = rec.attention[i]
@@ -45,15 +49,14 @@ def _mixed(rec: Recording, i: int, row: int, n: int) -> torch.Tensor:
         source = rec.norms[i]["attention_norm"][1][row, :n]
     else:
         source = rec.block_in[i][row, :n]
-    weight, bias = affine_map(read.values)
+    weight, bias = affine(read.values)
     heads = rec.probs[i].shape[1]
-    values = repeat_values(read.cut((source.float() @ weight.T + bias)[None]), heads, read, METHOD)[0]  # [n, H, d]
-    w_o, _ = affine_map(read.output)  # [D, H * d]
-    w_o = w_o.T.reshape(heads, read.head_dim, -1)
-    return torch.einsum("jhd,hdo->jho", values, w_o)
+    values = repeat_values(read.value_vectors((source.float() @ weight.T + bias)[None]), heads, read, METHOD)[0]
+    w_o = read.head_projections(heads)  # [H, d, D]
+    return torch.einsum("jhd,hdo->jho", values.to(w_o.dtype), w_o).float()
 
 
-def _post(rec: Recording, i: int, row: int, n: int, method: str):
+def _post(rec: DecoderRecording, i: int, row: int, n: int, method: str):
     """The block's post-attention norm linearised at the real attention output, or None."""
     wiring = rec.blocks[i]
     if wiring.attention_post is None:
@@ -63,7 +66,7 @@ def _post(rec: Recording, i: int, row: int, n: int, method: str):
                     method)
 
 
-def _block(rec: Recording, i: int, row: int, n: int, queries: list[int]
+def _block(rec: DecoderRecording, i: int, row: int, n: int, queries: list[int]
            ) -> tuple[torch.Tensor, torch.Tensor]:
     """(ALTI contributions C [n, n], attention parts at the queries [Q, n, D] after the post-attention norm)."""
     probs = rec.probs[i][row, :, :n, :n].float()
@@ -101,7 +104,7 @@ def _block(rec: Recording, i: int, row: int, n: int, queries: list[int]
     return contributions, parts * scale
 
 
-def _attention_branch(rec: Recording, i: int, row: int, rows: slice, post) -> torch.Tensor:
+def _attention_branch(rec: DecoderRecording, i: int, row: int, rows: slice, post) -> torch.Tensor:
     """What block i's attention adds to the residual stream at ``rows``: its output, post-normed where the block
     norms it, times the residual scale."""
     if post is not None:
@@ -114,7 +117,7 @@ def _attention_branch(rec: Recording, i: int, row: int, rows: slice, post) -> to
 def alti_logit_rows(run: Pass, queries: torch.Tensor, columns: torch.Tensor, vocab) -> torch.Tensor:
     """Scores [B, Q, layers, T] for queries [B, Q] and their target columns [B, Q] (into the head's output),
     running the recorded pass on ``run``."""
-    rec = record(run)
+    rec = record_decoder(run)
     layers = list(run.layers)
     w, _ = head_map(run, vocab)
     norm = run.adapter.norm_module(run.model)
@@ -157,3 +160,16 @@ def _rows(ctx, queries: torch.Tensor) -> torch.Tensor:
     """``Method.query_rows``: each step's row at its query for its column ``ctx.columns`` [B, Q]."""
     wanted = ctx.labels.head_columns(ctx.columns)
     return alti_logit_rows(ctx.run, queries, wanted.targets, wanted.vocab)
+
+
+register_method(Method(
+    "alti_logit", _compute,
+    "ALTI-Logit (Ferrando et al. 2023): each block's attention output at the query split over the tokens it mixes "
+    "(value vectors through the output projection, weighted by the attention), read as an update of the target "
+    "logit through the final norm and the head, and traced back to the input tokens through the ALTI contributions "
+    "of the blocks before; the score at layer l sums blocks 1..l (the default last layer: all of them), layer 0 is "
+    "zero. Signed, label-dependent; one forward pass with eager attention for every generation step. Causal decoders "
+    "whose blocks DecompX reads (Llama, Mistral, Qwen, Gemma, Phi, OLMo, GPT-2, GPT-NeoX, ...)",
+    display="ALTI-Logit", reading="signed", exclusive=True, supports=decoder_reason, query_rows=_rows,
+    # its token-pair distances grow as T^2 per block: measured 1.91x a forward for all 32 steps at 64 tokens (SmolLM2)
+    cost=lambda tokens, targets, options: 1.1 + tokens / 70))

@@ -13,15 +13,18 @@ from __future__ import annotations
 from normx._torch import torch
 from normx.core.forward import Pass
 from normx.errors import UnsupportedModelError
-from normx.methods.decoder.decompose import METHOD, decompose_row, record
-from normx.methods.decoder.linear import norm_map, tolerance
+from normx.methods.decoder.decompose import METHOD, decompose_row, record_decoder
+from normx.methods.decoder.linear import norm_map
+from normx.methods.numerics import tolerance
 from normx.models import HeadKind, linear_columns
+from normx.models.discovery import logit_softcap
 
 
 def head_map(run: Pass, vocab: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """The head's affine map on final-normed representations: (W [D, C], b [C]) float32, ``vocab`` the columns it
     is run at (None: all its outputs), probed on the unit vectors as the model's own head computes. A soft-capped
-    LM head (``final_logit_softcapping``) is probed without its cap, which :func:`_shares` applies as a ratio."""
+    LM head (:func:`normx.models.discovery.logit_softcap`) is probed without its cap, which :func:`_shares` applies
+    as a ratio."""
     base, adapter = run.model, run.adapter
     weight = next(base.parameters())
     d = run.hidden[max(run.hidden)].shape[-1]
@@ -35,8 +38,8 @@ def head_map(run: Pass, vocab: torch.Tensor | None) -> tuple[torch.Tensor, torch
 
 
 def _softcap(run: Pass) -> float | None:
-    cap = getattr(run.model.config, "final_logit_softcapping", None)
-    return float(cap) if cap and run.adapter.kind is HeadKind.CAUSAL_LM else None
+    cap = logit_softcap(run.model.config)
+    return cap if cap is not None and run.adapter.kind is HeadKind.CAUSAL_LM else None
 
 
 def _check_affine(run: Pass, mine: torch.Tensor, real: torch.Tensor) -> None:
@@ -45,7 +48,7 @@ def _check_affine(run: Pass, mine: torch.Tensor, real: torch.Tensor) -> None:
     if worst > tolerance(next(run.model.parameters()).dtype) * max(scale, 1e-6):
         raise UnsupportedModelError(
             f"{METHOD} for decoders reads the head as an affine map; {type(run.model).__name__}'s head is not (off by "
-            f"{worst:.3g} of {scale:.3g}: a transform of its logits other than final_logit_softcapping)")
+            f"{worst:.3g} of {scale:.3g}: a transform of its logits other than a soft cap)")
 
 
 def _real(rec, row: int, layer: int, position: int) -> torch.Tensor:
@@ -88,7 +91,7 @@ def _decompose(run: Pass, queries: torch.Tensor, columns: torch.Tensor, vocab, f
     """Shares [B, Q, K, layers, T] (target minus foil where a foil is given), the worst decomposition error
     [B, Q, K] over the layers and the bias part's share at the last layer [B, Q, K], for queries [B, Q] and columns
     [B, Q, K]."""
-    rec = record(run)
+    rec = record_decoder(run)
     layers = list(run.layers)
     head = head_map(run, vocab)
     b, t = run.inputs["attention_mask"].shape

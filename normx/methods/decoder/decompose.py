@@ -2,7 +2,7 @@
 (plus one bias part), propagated through every block and read through the final norm and the head at the query
 positions, for the target columns there.
 
-One recorded forward pass (eager attention, the model's own modules, :func:`record`) fixes the model's nonlinear
+One recorded forward pass (eager attention, the model's own modules, :func:`record_decoder`) fixes the model's nonlinear
 quantities: each norm's 1 / rms (or 1 / std) of its real input, the attention probabilities (rotary position,
 grouped-query heads, q/k norms, soft-capping and sliding windows all act only through them), the gated MLP's
 act(gate(y)) or a plain MLP's zero-origin slope act(z) / z. Given those, every block is linear in its input
@@ -26,8 +26,9 @@ from normx.core.forward import Pass
 from normx.core.hooks import hooked, output_tensor
 from normx.errors import UnsupportedModelError
 from normx.methods.decoder.heads import BlockAttention, block_attention
-from normx.methods.decoder.linear import NormMap, affine_parts, mlp_fixed, mlp_parts, norm_map, tolerance
+from normx.methods.decoder.linear import NormMap, affine_parts, mlp_fixed, mlp_parts, norm_map
 from normx.methods.decoder.maps import repeat_values
+from normx.methods.numerics import tolerance
 from normx.models.decoder import DecoderBlock, decoder_block
 
 METHOD = "DecompX"
@@ -36,8 +37,9 @@ _SOURCES = 16  # at most this many sources in one chunk
 
 
 @dataclass
-class Recording:
-    """What one forward pass fixed, per block (0-based lists) and for the whole batch."""
+class DecoderRecording:
+    """What one forward pass of a decoder fixed, per block (0-based lists) and for the whole batch (not the
+    encoder DecompX's :class:`normx.methods.decompx.model.Recording`)."""
 
     blocks: list[DecoderBlock]
     attention: list[BlockAttention]
@@ -62,23 +64,23 @@ def _wiring(base, adapter) -> tuple[list[DecoderBlock], list[BlockAttention]]:
         blocks.append(wiring)
     attention = block_attention(base, list(range(1, len(blocks) + 1)), METHOD, values=True)
     for layer, read in attention.items():
-        module = read.attention
-        if read.values is getattr(module, "v_norm", None):
+        if read.parts.v_norm is not None:
             raise _unsupported(base, f"block {layer} normalises its value vectors (v_norm), which is not linear")
-        if getattr(getattr(module, "config", None), "clip_qkv", None):
-            raise _unsupported(base, "its config clips the values (clip_qkv), which is not linear")
+        if read.parts.clip:
+            raise _unsupported(base, f"it clips its projections' outputs (at {read.parts.clip:g}), which is not "
+                               "linear")
     if adapter.norm_module(base) is None:
         raise _unsupported(base, "its adapter names no final norm")
     return blocks, [attention[layer] for layer in sorted(attention)]
 
 
-def record(run: Pass) -> Recording:
+def record_decoder(run: Pass) -> DecoderRecording:
     """Run ``run``'s forward pass (so its captured layers are there after) with eager attention and hooks on every
     block, its norms, attention and MLP; return what the decomposition keeps fixed."""
     base, adapter = run.model, run.adapter
     blocks, attention = _wiring(base, adapter)
     n = len(blocks)
-    rec = Recording(blocks, attention, [None] * n, [None] * n, [None] * n, [None] * n, [{} for _ in range(n)],
+    rec = DecoderRecording(blocks, attention, [None] * n, [None] * n, [None] * n, [None] * n, [{} for _ in range(n)],
                     [None] * n)
     modules = {}
     for i, (wiring, read) in enumerate(zip(blocks, attention)):
@@ -122,7 +124,7 @@ class _Fixed:
     mlp: torch.Tensor  # [n, F]
 
 
-def _fixed(rec: Recording, i: int, row: int, n: int, base) -> _Fixed:
+def _fixed(rec: DecoderRecording, i: int, row: int, n: int, base) -> _Fixed:
     wiring = rec.blocks[i]
     norms = {}
     for role, module in wiring.norms().items():
@@ -142,7 +144,7 @@ def _attention(fixed: _Fixed, parts: torch.Tensor, start: int, bias: bool) -> to
     """The attention module's output parts for its input parts [S, N', D] (positions start..)."""
     read = fixed.read
     probs = fixed.probs[:, start:, start:]
-    values = repeat_values(read.cut(affine_parts(read.values, parts, bias)), probs.shape[0], read, METHOD)
+    values = repeat_values(read.value_vectors(affine_parts(read.values, parts, bias)), probs.shape[0], read, METHOD)
     mixed = torch.einsum("hij,sjhd->sihd", probs, values)
     return affine_parts(read.output, mixed.reshape(*mixed.shape[:2], -1), bias)
 
@@ -175,7 +177,7 @@ def _check(total: torch.Tensor, real: torch.Tensor, what: str, base) -> None:
                            f"{worst:.3g} of {scale:.3g}): its block computes in a way DecompX does not read")
 
 
-def decompose_row(rec: Recording, run: Pass, row: int, queries: torch.Tensor, layers: list[int]
+def decompose_row(rec: DecoderRecording, run: Pass, row: int, queries: torch.Tensor, layers: list[int]
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """For one batch row: the parts of x^l at positions ``queries`` [Q], for each of ``layers``, as
     (token parts [Q, layers, n, D], bias part [Q, layers, D]) in float32, n the row's real length."""

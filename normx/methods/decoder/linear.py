@@ -6,7 +6,8 @@ a bias goes to the bias part (source 0 by convention of :mod:`normx.methods.deco
 - norms (:func:`norm_map`): RMSNorm (``weight`` or Gemma's ``1 + weight``) or LayerNorm (with or without a gain),
   found by which formula reproduces the module's own output on the pass's real input; the real input's scale
   1 / rms (or 1 / std) is the fixed quantity;
-- projections: the effective affine map of the model's own module (LoRA included), :func:`affine`;
+- projections: the effective affine map of the model's own module (Conv1D and LoRA included,
+  :func:`normx.models.projections.affine`);
 - the MLP (:func:`mlp_parts`): gated MLPs keep the real gate activation act(gate(y)) fixed and decompose the up
   projection, exact; plain MLPs keep the activation's zero-origin slope act(z) / z fixed, exact too.
 """
@@ -17,20 +18,10 @@ from dataclasses import dataclass
 
 from normx._torch import nn, torch
 from normx.errors import UnsupportedModelError
+from normx.methods.numerics import EPS_NAMES, close, off_by, zo_slope
 from normx.models.decoder import MLPLayout
-
-_EPS_NAMES = ("variance_epsilon", "eps", "epsilon", "layer_norm_eps")
-
-
-def tolerance(dtype: torch.dtype) -> float:
-    """Relative tolerance of a recomputation in the model's dtype."""
-    return 1e-4 if dtype in (torch.float32, torch.float64) else 3e-2
-
-
-def _close(mine: torch.Tensor, real: torch.Tensor, dtype: torch.dtype) -> tuple[bool, float]:
-    worst = float((mine.float() - real.float()).abs().max()) if real.numel() else 0.0
-    scale = float(real.float().abs().max()) if real.numel() else 0.0
-    return worst <= tolerance(dtype) * max(scale, 1e-6), worst
+from normx.models.modules import active_module
+from normx.models.projections import affine
 
 
 @dataclass(frozen=True)
@@ -57,7 +48,7 @@ class NormMap:
 
 
 def _eps_values(module: nn.Module) -> list[float]:
-    found = [float(getattr(module, name)) for name in _EPS_NAMES if isinstance(getattr(module, name, None), float)]
+    found = [float(getattr(module, name)) for name in EPS_NAMES if isinstance(getattr(module, name, None), float)]
     return found or [1e-5, 1e-6]
 
 
@@ -80,31 +71,19 @@ def norm_map(module: nn.Module, real_in: torch.Tensor, real_out: torch.Tensor, w
             scale = torch.rsqrt(centred.pow(2).mean(-1, keepdim=True) + eps)
             for gain in gains:
                 candidate = NormMap(centre, scale, gain, bias)
-                ok, off = _close(candidate.apply(x), real_out, real_out.dtype)
-                if ok:
+                mine = candidate.apply(x)
+                if close(mine, real_out):
                     return candidate
-                worst = min(worst, off)
+                worst = min(worst, off_by(mine, real_out)[0])
     raise UnsupportedModelError(
         f"{method} linearises each norm as RMSNorm (weight or 1 + weight) or LayerNorm; {what} "
         f"({type(module).__name__}) matches neither on this pass's input (closest off by {worst:.3g})")
 
 
-def affine_map(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
-    """(W [out, in], b [out]) float32 of an affine module: transformers' ``Conv1D`` (GPT-2: x @ weight + bias) read
-    directly, any other through :func:`normx.methods.decompx.model.affine` (LoRA included)."""
-    from transformers.pytorch_utils import Conv1D
-
-    from normx.methods.decompx.model import affine  # here: normx.methods.decompx imports this package
-
-    if type(module) is Conv1D:
-        return module.weight.detach().float().T, module.bias.detach().float()
-    return affine(module)
-
-
 def affine_parts(module: nn.Module, parts: torch.Tensor, bias_row: bool) -> torch.Tensor:
     """``module`` (affine) on ``parts`` [S, N, D_in]: the linear map on every part; with ``bias_row`` its bias on
     source 0, the bias part."""
-    weight, bias = affine_map(module)
+    weight, bias = affine(module)
     out = parts @ weight.T
     if bias_row:
         out[0] = out[0] + bias
@@ -114,8 +93,6 @@ def affine_parts(module: nn.Module, parts: torch.Tensor, bias_row: bool) -> torc
 def mlp_fixed(layout: MLPLayout, real_in: torch.Tensor) -> torch.Tensor:
     """What the decomposition of the MLP keeps fixed at its real input ``real_in`` [N, D]: the gate activation
     act(gate(y)) [N, F] (gated, fused), or the activation's zero-origin slope act(z) / z (plain)."""
-    from normx.models.modules import active_module
-
     with torch.no_grad():
         real = real_in.to(next(active_module(layout.up).parameters()).dtype)
         if layout.kind == "gated":
@@ -124,8 +101,6 @@ def mlp_fixed(layout: MLPLayout, real_in: torch.Tensor) -> torch.Tensor:
             gate = layout.up(real)
             return layout.activation(gate[..., :gate.shape[-1] // 2]).float()
         pre = layout.up(real)
-        from normx.methods.decompx.rules import zo_slope
-
         return zo_slope(pre, layout.activation(pre))
 
 

@@ -18,49 +18,13 @@ that they reproduce the attention module's output are :mod:`normx.methods.decode
 from __future__ import annotations
 
 from normx._torch import torch
-from normx.core.concurrency import attention_weights
-from normx.core.forward import Pass
-from normx.core.hooks import hooked, output_tensor
 from normx.errors import UnsupportedModelError
 from normx.methods.decoder.heads import block_attention, decoder_reason
-from normx.methods.decoder.maps import _check_mix, _check_sums, _probabilities, _rows, repeat_values
+from normx.methods.decoder.maps import read_blocks
 from normx.methods.decoder.method import AGGREGATE
 from normx.methods.registry import Context, Method, register_method
 
 NAME = "attention_logit"
-
-
-def _moved(run: Pass, queries: torch.Tensor, read: dict) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
-    """Run ``run``'s pass with eager attention; ``{block: (alpha rows [B, H, Q, T], values [B, T, H, d])}`` at the
-    query rows of the blocks ``read`` (:func:`block_attention`), checked as norm_attention checks them."""
-    mask = run.inputs["attention_mask"]
-    length = mask.shape[1]
-    modules = {f"{layer}.attention": block.attention for layer, block in read.items()}
-    modules |= {f"{layer}.values": block.values for layer, block in read.items()}
-    captured: dict[int, torch.Tensor] = {}
-    out: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-
-    def on_call(key, _args, _kwargs, output):
-        layer, part = key.split(".")
-        block = read[int(layer)]
-        if part == "values":
-            captured[block.layer] = block.value_vectors(output_tensor(output))
-            return None
-        probs = _probabilities(output, block, NAME, length)
-        rows = _rows(probs, queries, mask)
-        _check_sums(rows, block, NAME, probs.dtype)
-        values = captured.pop(block.layer, None)
-        if values is None:
-            raise UnsupportedModelError(f"{NAME}: block {block.layer}'s {type(block.values).__name__} did not run "
-                                        "before its attention returned, so its output is not the values it mixed")
-        values = repeat_values(values, rows.shape[1], block, NAME)
-        _check_mix(rows, values, output, block, queries, NAME)
-        out[block.layer] = (rows, values.to(rows.dtype))
-        return None
-
-    with attention_weights(run.model), hooked(modules, on_call):
-        run.run()
-    return out
 
 
 def _directions(ctx: Context, queries: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
@@ -95,11 +59,9 @@ def _scores(ctx: Context, queries: torch.Tensor, columns: torch.Tensor | None) -
     aggregate = ctx.options["aggregate"]
     top = max(layers)
     blocks = list(range(1, top + 1)) if aggregate else sorted({layer for layer in layers if layer > 0})
-    read = block_attention(run.model, blocks, NAME, values=True) if blocks else {}
-    moved = _moved(run, queries, read) if blocks else {}
-    if not blocks:
-        with attention_weights(run.model):
-            run.run()
+    read = block_attention(run.model, blocks, NAME, values=True)
+    # {block: (alpha rows [B, H, Q, T], values [B, T, H, d])}, checked as norm_attention checks them
+    moved = read_blocks(run, queries, read, NAME, lambda _block, rows, values: (rows, values.to(rows.dtype)))
     if columns is None:  # one query (the pooled token), every explained target
         columns = ctx.predict(run.pooled_logits())  # [B, K]
         queries = queries.expand(-1, columns.shape[1])

@@ -21,19 +21,19 @@ through the output projection give the attention module's own output; a model th
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from normx._torch import torch
 from normx.core.concurrency import attention_weights
 from normx.core.forward import Pass
 from normx.core.hooks import hooked, output_tensor
 from normx.errors import UnsupportedModelError
 from normx.methods.decoder.heads import BlockAttention, block_attention, decoder_reason
+from normx.methods.numerics import tolerance
 
 KINDS = ("attention", "norm_attention")
 _CHUNK = 2**24  # at most this many floats in one [B, tokens, heads, hidden] chunk of f^h(x_j)
-
-
-def _tolerance(dtype: torch.dtype) -> float:
-    return 1e-4 if dtype in (torch.float32, torch.float64) else 3e-2
 
 
 def _probabilities(output, block: BlockAttention, method: str, length: int) -> torch.Tensor:
@@ -108,7 +108,7 @@ def _check_mix(rows: torch.Tensor, values: torch.Tensor, output, block: BlockAtt
             f"mixed value features ({rows.shape[1]} heads x {block.head_dim}): {str(exc).splitlines()[0]}") from None
     scale = float(real.abs().max()) if real.numel() else 0.0
     worst = float((again.float() - real.float()).abs().max()) if real.numel() else 0.0
-    if worst > _tolerance(real.dtype) * max(scale, 1e-6):
+    if worst > tolerance(real.dtype) * max(scale, 1e-6):
         raise UnsupportedModelError(
             f"{method} reads the value vectors of block {block.layer}'s {type(block.attention).__name__} from its "
             f"{type(block.values).__name__}, but mixed by the attention probabilities and projected by its "
@@ -122,20 +122,20 @@ def _needed(layers: list[int], aggregate: bool) -> list[int]:
     return list(range(1, top + 1)) if aggregate else sorted({layer for layer in layers if layer > 0})
 
 
-def block_rows(run: Pass, queries: torch.Tensor, kind: str, blocks: list[int], method: str | None = None
-               ) -> dict[int, torch.Tensor]:
+def read_blocks(run: Pass, queries: torch.Tensor, read: dict[int, BlockAttention], method: str,
+                keep: Callable[[BlockAttention, torch.Tensor, torch.Tensor | None], Any]) -> dict[int, Any]:
     """Run ``run``'s forward pass (:meth:`Pass.run`, so its captured layers are there after) with eager attention
-    and return ``{block l: rows [B, Q, T] float32}`` at query positions ``queries`` [B, Q] for ``blocks``."""
-    method = method or kind
-    base = run.model
+    and return ``{block l: keep(block, rows, values)}`` for the blocks ``read`` (:func:`block_attention`), made
+    inside the block's attention hook: ``rows`` [B, H, Q, T] the attention probabilities at query positions
+    ``queries`` [B, Q] (float32, float64 for float64 models; padding keys zeroed; checked to sum to one), ``values``
+    [B, T, H, d] the value vectors (key-value heads repeated; checked to give the module's own output when mixed
+    by ``rows`` and projected) where the block was read with its values, else None."""
     mask = run.inputs["attention_mask"]
     length = mask.shape[1]
-    read = block_attention(base, blocks, method, values=kind == "norm_attention")
     modules = {f"{layer}.attention": block.attention for layer, block in read.items()}
-    if kind == "norm_attention":
-        modules |= {f"{layer}.values": block.values for layer, block in read.items()}
+    modules |= {f"{layer}.values": block.values for layer, block in read.items() if block.parts is not None}
     captured_values: dict[int, torch.Tensor] = {}
-    out: dict[int, torch.Tensor] = {}
+    out: dict[int, Any] = {}
 
     def on_call(key, _args, _kwargs, output):
         layer, part = key.split(".")
@@ -146,8 +146,8 @@ def block_rows(run: Pass, queries: torch.Tensor, kind: str, blocks: list[int], m
         probs = _probabilities(output, block, method, length)
         rows = _rows(probs, queries, mask)
         _check_sums(rows, block, method, probs.dtype)
-        if kind == "attention":
-            out[block.layer] = rows.mean(1).float()
+        if block.parts is None:
+            out[block.layer] = keep(block, rows, None)
             return None
         values = captured_values.pop(block.layer, None)
         if values is None:
@@ -155,12 +155,25 @@ def block_rows(run: Pass, queries: torch.Tensor, kind: str, blocks: list[int], m
                                         "before its attention returned, so its output is not the values it mixed")
         values = repeat_values(values, rows.shape[1], block, method)
         _check_mix(rows, values, output, block, queries, method)
-        out[block.layer] = _norm_rows(rows, values, block)
+        out[block.layer] = keep(block, rows, values)
         return None
 
-    with attention_weights(base), hooked(modules, on_call):
+    with attention_weights(run.model), hooked(modules, on_call):
         run.run()
     return out
+
+
+def block_rows(run: Pass, queries: torch.Tensor, kind: str, blocks: list[int], method: str | None = None
+               ) -> dict[int, torch.Tensor]:
+    """Run ``run``'s forward pass (:meth:`Pass.run`, so its captured layers are there after) with eager attention
+    and return ``{block l: rows [B, Q, T] float32}`` at query positions ``queries`` [B, Q] for ``blocks``."""
+    method = method or kind
+    read = block_attention(run.model, blocks, method, values=kind == "norm_attention")
+
+    def keep(block, rows, values):
+        return rows.mean(1).float() if values is None else _norm_rows(rows, values, block)
+
+    return read_blocks(run, queries, read, method, keep)
 
 
 def query_rows(run: Pass, queries: torch.Tensor, kind: str, aggregate: bool, method: str | None = None
@@ -178,12 +191,7 @@ def query_rows(run: Pass, queries: torch.Tensor, kind: str, aggregate: bool, met
         raise UnsupportedModelError(f"{method or kind} does not explain {type(run.model).__name__}: {reason}")
     layers = list(run.layers)
     blocks = _needed(layers, aggregate)
-    if blocks:
-        rows = block_rows(run, queries, kind, blocks, method)
-    else:  # layer 0 only: the pass is still run, for the prediction
-        rows = {}
-        with attention_weights(run.model):
-            run.run()
+    rows = block_rows(run, queries, kind, blocks, method)  # (layer 0 only: the pass is still run, for the prediction)
     mask = run.inputs["attention_mask"]
     identity = torch.zeros((*queries.shape, mask.shape[1]), dtype=torch.float32, device=mask.device)
     identity.scatter_(2, queries[..., None], 1.0)

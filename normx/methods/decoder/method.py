@@ -5,7 +5,6 @@ row from one forward pass (``Method.query_rows``)."""
 from __future__ import annotations
 
 from normx._torch import torch
-from normx.methods.decoder import alti_logit
 from normx.methods.decoder.heads import decoder_reason
 from normx.methods.decoder.maps import query_rows
 from normx.methods.registry import Context, Method, Option, register_method
@@ -51,14 +50,3 @@ register_method(Method(
     display="Norm-based attention", label_dependent=False, reading="magnitude", predicts=True, exclusive=True,
     options=[AGGREGATE], supports=decoder_reason, query_rows=_rows("norm_attention"),
     cost=lambda tokens, targets, options: 1.3))  # measured: all 32 steps of SmolLM2 at 64 tokens, 1.25x a forward
-register_method(Method(
-    "alti_logit", alti_logit._compute,
-    "ALTI-Logit (Ferrando et al. 2023): each block's attention output at the query split over the tokens it mixes "
-    "(value vectors through the output projection, weighted by the attention), read as an update of the target "
-    "logit through the final norm and the head, and traced back to the input tokens through the ALTI contributions "
-    "of the blocks before; the score at layer l sums blocks 1..l (the default last layer: all of them), layer 0 is "
-    "zero. Signed, label-dependent; one forward pass with eager attention for every generation step. Causal decoders "
-    "whose blocks DecompX reads (Llama, Mistral, Qwen, Gemma, Phi, OLMo, GPT-2, GPT-NeoX, ...)",
-    display="ALTI-Logit", reading="signed", exclusive=True, supports=decoder_reason, query_rows=alti_logit._rows,
-    # its token-pair distances grow as T^2 per block: measured 1.91x a forward for all 32 steps at 64 tokens (SmolLM2)
-    cost=lambda tokens, targets, options: 1.1 + tokens / 70))

@@ -13,6 +13,7 @@ from normx.core.hooks import record_calls
 from normx.errors import UnsupportedModelError
 from normx.models import Adapter, active_module, encoder_blocks, encoder_classes, encoder_reason
 from normx.models.encoder import BlockLayout, Step
+from normx.models.projections import affine
 
 # ---- what DecompX needs of a model: its adapter's encoder block layout and head steps -------------------------
 
@@ -47,33 +48,6 @@ def _check_model(model: nn.Module) -> tuple[nn.Module, Adapter, list[Step], list
 
 
 # ---- the model's effective weights -----------------------------------------------------------------------------------
-
-
-def affine(module: nn.Module, rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(W [out, in], b [out]) in float32 of an affine module, so that ``module(x) = x W^T + b``.
-
-    A plain nn.Linear gives its parameters; any other affine module (a LoRA-wrapped Linear, ...) is probed:
-    ``b = f(0)``, ``W^T = f(I) - f(0)``, which includes every adapter delta exactly (up to the model dtype's
-    rounding). ``rows`` selects output rows (vocabulary columns of an LM decoder).
-    """
-    module = active_module(module)
-    if type(module) is nn.Linear:
-        weight, bias = module.weight, module.bias
-        if rows is not None:
-            weight = weight[rows]
-            bias = None if bias is None else bias[rows]
-        weight = weight.detach().float()
-        bias = torch.zeros(weight.shape[0], device=weight.device) if bias is None else bias.detach().float()
-        return weight, bias
-    ref = next(module.parameters())
-    size = getattr(module, "in_features", None) or ref.shape[-1]
-    probe = torch.cat([torch.zeros(1, size), torch.eye(size)]).to(device=ref.device, dtype=ref.dtype)
-    with torch.no_grad():
-        out = module(probe).float()
-    bias, weight = out[0], (out[1:] - out[:1]).T
-    if rows is not None:
-        weight, bias = weight[rows], bias[rows]
-    return weight.contiguous(), bias
 
 
 def _layer_norm_parameters(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor, float]:

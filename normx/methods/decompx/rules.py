@@ -10,6 +10,7 @@ from collections.abc import Iterator, Sequence
 
 from normx._torch import F, torch
 from normx.methods.decompx.model import BlockWeights, Recording, _layer_norm_parameters, affine
+from normx.methods.numerics import zo_slope
 from normx.models.encoder import Step
 
 BIAS_RULES = ("absdot", "norm", "equal")
@@ -57,13 +58,6 @@ def layer_norm(parts: torch.Tensor, real_input: torch.Tensor, weight: torch.Tens
     scale = torch.rsqrt(real.var(-1, unbiased=False, keepdim=True) + eps)  # [N, 1]
     out = (parts - parts.mean(-1, keepdim=True)) * scale * weight
     return share_bias(out, bias, rule) if include_biases else out
-
-
-def zo_slope(pre: torch.Tensor, post: torch.Tensor) -> torch.Tensor:
-    """The zero-origin slope f(z)/z of an activation (0 where z = 0, where f(0) = 0 makes any slope exact)."""
-    pre, post = pre.float(), post.float()
-    nonzero = pre != 0
-    return torch.where(nonzero, post / torch.where(nonzero, pre, torch.ones_like(pre)), torch.zeros_like(pre))
 
 
 def _affine_parts(parts: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, include_biases: bool, rule: str

@@ -23,6 +23,7 @@ from normx.models import (
     unwrap_model,
 )
 from normx.models.encoder import BlockLayout
+from normx.models.projections import head_projections
 
 _ROWS_PER_CHUNK = 2**24  # decomposition: at most this many floats per [rows, T, hidden] chunk
 
@@ -155,14 +156,15 @@ class BlockTerms:
 
 
 def block_terms(rec: BlockRecord) -> BlockTerms:
-    """W_O's linear part as dense(I) - dense(0) of the model's own (possibly LoRA-wrapped) output projection."""
+    """W_O per head (:func:`normx.models.projections.head_projections`, the model's own possibly LoRA-wrapped
+    output projection) and its bias dense(0)."""
     attention, dense = rec.parts["attention"], rec.parts["attention_out"]
     heads, size = attention.num_attention_heads, attention.attention_head_size
     hidden = rec.value.shape[-1]
     eye = torch.eye(hidden, dtype=rec.value.dtype, device=rec.value.device)
     b_o = _wide(dense(eye[:1] * 0))
-    rows = _wide(dense(eye)) - b_o  # row k: W_O e_k
-    return BlockTerms(rows.view(heads, size, hidden), b_o[0],
+    w_o = head_projections(dense, heads, size).to(b_o.dtype)
+    return BlockTerms(w_o, b_o[0],
                       _layer_norm_params(rec.parts["ln1"], hidden, eye.device),
                       _layer_norm_params(rec.parts["ln2"], hidden, eye.device))
 

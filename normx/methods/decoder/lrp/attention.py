@@ -8,7 +8,7 @@ module, and the module's ``scaling``:
     q' = rope(q), k' = rope(k)            rotate_half, on the first cos.shape[-1] dimensions (all, or a partial rotary;
                                           none in a layer whose attention has use_rope = 0, SmolLM3's NoPE layers)
     A = softmax(q' k'^T * scaling + mask)   in float32, cast back, as transformers' eager attention
-    out = o_proj((A v) per head, heads concatenated)
+    out = W_O((A v) per head, heads concatenated)   the output projection
 
 Rules, as LXT 2.1's efficient AttnLRP: the gradient at q' and k' is divided by 4 and at v by 2 (the uniform rule
 for the products q'k'^T and A v; LXT's factors), the softmax keeps its own gradient (AttnLRP's softmax rule as
@@ -28,7 +28,8 @@ from normx._torch import torch
 from normx.core.hooks import output_tensor
 from normx.errors import UnsupportedModelError
 from normx.methods.decoder.lrp.parts import BlockParts
-from normx.methods.decoder.lrp.rules import divide_gradient, off_by, tolerance, with_backward
+from normx.methods.decoder.lrp.rules import divide_gradient, with_backward
+from normx.methods.numerics import off_by, tolerance
 
 QUERY_KEY_FACTOR = 4  # LXT 2.1 (lxt/efficient/patches.py, wrap_attention_forward): query and key gradients / 4
 VALUE_FACTOR = 2  # ... and value gradients / 2
@@ -71,8 +72,8 @@ def _mask(kwargs: dict, length: int, scores: torch.Tensor) -> torch.Tensor:
 def _refuse(method: str, part: BlockParts, what: str) -> UnsupportedModelError:
     return UnsupportedModelError(
         f"{method} recomputes block {part.layer}'s {type(part.attention).__name__} as softmax(rope(q) rope(k)^T * "
-        f"scaling + mask) v through o_proj from its own projections, but {what}: this model computes its attention "
-        "in a way the rules do not cover")
+        f"scaling + mask) v through {part.name('o')} from its own projections, but {what}: this model computes its "
+        "attention in a way the rules do not cover")
 
 
 def _position_embeddings(args: tuple, kwargs: dict, method: str, part: BlockParts):

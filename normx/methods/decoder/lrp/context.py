@@ -11,8 +11,9 @@ replace module outputs by values equal to them in the forward direction whose gr
 - each self-attention: recomputed from its own projections with the softmax and uniform rules, checked against its
   probabilities and output (:mod:`normx.methods.decoder.lrp.attention`);
 - each gated MLP down(act(gate(y)) * up(y)): the activation's output gets the identity rule and, with the up
-  projection's output, the uniform rule (gradient / 2 each); checked: the activation reads gate_proj's output,
-  down_proj reads act * up, and the MLP returns down_proj's output.
+  projection's output, the uniform rule (gradient / 2 each); checked: the activation reads the gate projection's
+  output, the down projection reads act * up, and the MLP returns the down projection's output (the parts named
+  in messages as the model names them).
 
 Linear layers, the residual additions, the embeddings and the head keep their own gradient (Gradient×Input there is
 LRP's epsilon rule with zero epsilon, biases absorbing their share). A check that fails raises
@@ -32,7 +33,8 @@ from normx.core.hooks import hooked, output_tensor
 from normx.errors import UnsupportedModelError
 from normx.methods.decoder.lrp.attention import attention_with_rules
 from normx.methods.decoder.lrp.parts import BlockParts, model_parts
-from normx.methods.decoder.lrp.rules import close, divide_gradient, identity_rule, norm_identity, off_by
+from normx.methods.decoder.lrp.rules import divide_gradient, identity_rule, norm_identity
+from normx.methods.numerics import close, off_by
 from normx.models import unwrap_model
 
 GATE_FACTOR = 2  # the uniform rule for act(gate) * up
@@ -41,6 +43,16 @@ GATE_FACTOR = 2  # the uniform rule for act(gate) * up
 def _input(args: tuple, kwargs: dict) -> torch.Tensor:
     found = args[0] if args else kwargs.get("hidden_states", kwargs.get("input", kwargs.get("x")))
     return output_tensor(found)
+
+
+def _gated(part: BlockParts) -> str:
+    """What the down projection reads, act(gate(y)) * up(y), in the model's names for the parts."""
+    return f"{part.name('act')}({part.name('gate')}(y)) * {part.name('up')}(y)"
+
+
+def _product(part: BlockParts) -> str:
+    """The gated MLP as the rules read it, down(act(gate(y)) * up(y)), in the model's names for the parts."""
+    return f"{part.name('down')}({_gated(part)})"
 
 
 class _Rules:
@@ -67,8 +79,7 @@ class _Rules:
     def refuse(self, part: BlockParts, what: str) -> UnsupportedModelError:
         return UnsupportedModelError(
             f"{self.method} applies its rules to block {part.layer}'s gated MLP {type(part.mlp).__name__} as "
-            f"down_proj(act_fn(gate_proj(y)) * up_proj(y)), but {what}: this model computes its MLP in a way the rules "
-            "do not cover")
+            f"{_product(part)}, but {what}: this model computes its MLP in a way the rules do not cover")
 
     def norm(self, key: str, args: tuple, kwargs: dict, output) -> torch.Tensor:
         module = self.modules[key]
@@ -123,7 +134,7 @@ class _Rules:
             x, y = _input(args, kwargs), output_tensor(output)
             gate = state.pop("gate", None)
             if gate is None or gate.shape != x.shape or not close(x, gate):
-                raise self.refuse(part, "its activation does not read gate_proj's output")
+                raise self.refuse(part, f"its activation does not read {part.name('gate')}'s output")
             state["act"] = y
             return divide_gradient(identity_rule(x, y), GATE_FACTOR)
         if role == "up":
@@ -134,13 +145,13 @@ class _Rules:
             act, up = state.pop("act", None), state.pop("up", None)
             x = _input(args, kwargs)
             if act is None or up is None or act.shape != x.shape or not close(x, act * up):
-                raise self.refuse(part, "down_proj does not read act_fn(gate_proj(y)) * up_proj(y)")
+                raise self.refuse(part, f"{part.name('down')} does not read {_gated(part)}")
             state["down"] = output_tensor(output)
             return None
         down, out = state.pop("down", None), output_tensor(output)  # role == "mlp"
         if down is None or down.shape != out.shape or not close(out, down):
             worst = off_by(out, down)[0] if down is not None and down.shape == out.shape else float("nan")
-            raise self.refuse(part, f"the MLP's output is not down_proj's (off by {worst:.3g})")
+            raise self.refuse(part, f"the MLP's output is not {part.name('down')}'s (off by {worst:.3g})")
         return None
 
 

@@ -16,14 +16,13 @@ from normx.methods.decoder.heads import decoder_reason
 from normx.methods.decoder.lrp.context import attnlrp_rules
 from normx.methods.gradients import pooled_head, select, word_embeddings
 from normx.methods.registry import Context, Method, register_method
+from normx.models.discovery import logit_softcap
 
 NAME = "attnlrp"
 # the families whose blocks pass every check of the rules (tests/methods/test_attnlrp.py); another decoder family
 # is refused here, before any pass
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma3_text", "granite", "olmo2", "olmo3", "seed_oss",
             "smollm3", "stablelm")
-# config attributes that put a nonlinearity on the logits which no rule covers
-_LOGIT_NONLINEAR = ("final_logit_softcapping",)
 
 
 def family(adapter) -> str:
@@ -44,11 +43,9 @@ def supports(adapter) -> str | None:
 
 def _check_model(run) -> None:
     reason = supports(run.adapter)
-    config = run.model.config
-    config = config.get_text_config() if hasattr(config, "get_text_config") else config
-    capped = [name for name in _LOGIT_NONLINEAR if getattr(config, name, None)]
-    if capped and reason is None:
-        reason = f"its logits go through {capped[0]} (a tanh), which no AttnLRP rule covers"
+    cap = logit_softcap(run.model.config)  # a nonlinearity on the logits which no rule covers
+    if cap is not None and reason is None:
+        reason = f"its logits go through a soft cap (tanh(z / {cap:g}) * {cap:g}), which no AttnLRP rule covers"
     if reason is not None:
         raise UnsupportedModelError(f"{NAME} does not explain {type(run.model).__name__}: {reason}")
 

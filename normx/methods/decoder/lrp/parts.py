@@ -1,9 +1,10 @@
-"""What AttnLRP reads of a causal decoder, by transformers' naming conventions: every normalisation module, and per
-block the self-attention's separate query / key / value / output projections (with the per-head ``q_norm`` /
-``k_norm`` where the attention has them) and the gated MLP's ``gate_proj`` / ``up_proj`` / ``down_proj`` and
-activation module (Llama, Mistral, Qwen2/3, Gemma, OLMo 2, Granite, ...).
+"""What AttnLRP reads of a causal decoder: every normalisation module, and per block the self-attention's separate
+query / key / value / output projections (with the per-head q / k norms where the attention has them), its head size
+and scaling, and the gated MLP's gate / up / down projections and activation module (Llama, Mistral, Qwen2/3, Gemma,
+OLMo 2, Granite, ...), as the model's adapter reads them (:meth:`normx.models.Adapter.attention_parts`,
+:func:`normx.models.decoder.mlp_layout`).
 
-This module only names the parts; :mod:`normx.methods.decoder.lrp.context` checks on every pass that the parts,
+This module only collects the parts; :mod:`normx.methods.decoder.lrp.context` checks on every pass that the parts,
 recombined as the rules recompute them, give each module's own output, so a model that computes differently is
 refused (:class:`~normx.errors.UnsupportedModelError`), never explained with the wrong rules.
 """
@@ -14,15 +15,13 @@ from dataclasses import dataclass
 
 from normx._torch import nn
 from normx.errors import UnsupportedModelError
-from normx.methods.decoder.heads import attention_module
 from normx.models import active_module, get_adapter
+from normx.models.decoder import MLPLayout, block_mlp, mlp_layout
+from normx.models.decoder_attention import ATTENTION_NAMES, AttentionParts
 
-PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
-MLP_NAMES = ("mlp", "feed_forward")
-GATED = ("gate_proj", "up_proj", "down_proj")
-ACTIVATIONS = ("act_fn", "act", "activation_fn")
-LAYOUT = ("a self_attn / attn / attention module with q_proj, k_proj, v_proj and o_proj (and head_dim, scaling), and "
-          "an mlp / feed_forward module with gate_proj, up_proj, down_proj and an act_fn activation module")
+LAYOUT = (f"a {' / '.join(ATTENTION_NAMES)} module with separate query, key, value and output projections (and a "
+          "head size and scaling), and an mlp / feed_forward module with gate, up and down projections and an "
+          "activation module")
 
 
 @dataclass(frozen=True)
@@ -44,6 +43,14 @@ class BlockParts:
     up: nn.Module
     down: nn.Module
     act: nn.Module
+    attention_parts: AttentionParts | None = None  # as the adapter read them (names for messages)
+    mlp_layout: MLPLayout | None = None
+
+    def name(self, role: str) -> str:
+        """A part's attribute name in the model (``"o"``: the attention's output projection; ``"gate"``, ``"up"``,
+        ``"down"``, ``"act"``: the MLP's), for messages."""
+        read = self.mlp_layout if role in ("gate", "up", "down", "act") else self.attention_parts
+        return role if read is None else read.name(role)
 
 
 @dataclass(frozen=True)
@@ -58,34 +65,26 @@ def _refuse(method: str, base: nn.Module, what: str) -> UnsupportedModelError:
     return UnsupportedModelError(f"{method} recomputes each decoder block from {LAYOUT}; {type(base).__name__}: {what}")
 
 
-def _child(module: nn.Module, names: tuple[str, ...]) -> nn.Module | None:
-    for name in names:
-        found = getattr(module, name, None)
-        if isinstance(found, nn.Module):
-            return found
-    return None
-
-
 def _block(block: nn.Module, layer: int, method: str, base: nn.Module) -> BlockParts:
-    attention = attention_module(block, layer, method, base)
-    name = type(attention).__name__
-    missing = [p for p in PROJECTIONS if not isinstance(getattr(attention, p, None), nn.Module)]
-    if missing:
-        raise _refuse(method, base, f"block {layer}'s {name} has no {', '.join(missing)} (a fused projection?)")
-    head_dim, scaling = getattr(attention, "head_dim", None), getattr(attention, "scaling", None)
-    if not isinstance(head_dim, int) or not isinstance(scaling, (int, float)):
+    parts = get_adapter(base).attention_parts(base, block)
+    if isinstance(parts, str):
+        raise _refuse(method, base, f"block {layer}'s {parts}")
+    name = type(parts.module).__name__
+    if not parts.separate:
+        raise _refuse(method, base, f"block {layer}'s {name} has no separate query, key and value projections "
+                      f"(a fused projection: {parts.name('qkv')})")
+    if parts.scaling is None:
         raise _refuse(method, base, f"block {layer}'s {name} has no integer head_dim and numeric scaling")
-    mlp = _child(block, MLP_NAMES)
+    mlp = block_mlp(block)
     if mlp is None:
         raise _refuse(method, base, f"block {layer} ({type(block).__name__}) has no mlp / feed_forward module")
-    act = _child(mlp, ACTIVATIONS)
-    missing = [p for p in GATED if not isinstance(getattr(mlp, p, None), nn.Module)] + ([] if act else ["act_fn"])
-    if missing:
-        raise _refuse(method, base, f"block {layer}'s {type(mlp).__name__} has no {', '.join(missing)} (not a gated "
-                      "MLP, or a fused gate_up_proj)")
-    return BlockParts(layer, attention, attention.q_proj, attention.k_proj, attention.v_proj, attention.o_proj,
-                      _child(attention, ("q_norm",)), _child(attention, ("k_norm",)), head_dim, float(scaling),
-                      mlp, mlp.gate_proj, mlp.up_proj, mlp.down_proj, act)
+    layout = mlp_layout(mlp)
+    if isinstance(layout, str) or layout.kind != "gated":
+        what = layout if isinstance(layout, str) else f"its {type(active_module(mlp)).__name__} is a {layout.kind} MLP"
+        raise _refuse(method, base, f"block {layer}: {what} (not a gated MLP, or a fused gate and up projection)")
+    return BlockParts(layer, parts.module, parts.q, parts.k, parts.v, parts.output, parts.q_norm, parts.k_norm,
+                      parts.head_dim, parts.scaling, active_module(mlp), layout.gate, layout.up, layout.down,
+                      layout.activation, parts, layout)
 
 
 def is_norm(module: nn.Module) -> bool:

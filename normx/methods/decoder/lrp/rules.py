@@ -20,27 +20,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from normx._torch import nn, torch
+from normx.methods.numerics import EPS_NAMES, close
 
 EPSILON = 1e-10  # LXT's identity rule: f(x) / (x + 1e-10)
-_EPS_NAMES = ("variance_epsilon", "eps", "epsilon")
-
-
-def tolerance(dtype: torch.dtype) -> float:
-    """How far a recomputation may be from the module's own output, relative to its largest magnitude."""
-    return 1e-4 if dtype in (torch.float32, torch.float64) else 3e-2
-
-
-def off_by(got: torch.Tensor, want: torch.Tensor) -> tuple[float, float]:
-    """(the largest absolute difference, the largest |want|)."""
-    if not want.numel():
-        return 0.0, 0.0
-    return float((got.detach().float() - want.detach().float()).abs().max()), float(want.detach().float().abs().max())
-
-
-def close(got: torch.Tensor, want: torch.Tensor) -> bool:
-    """``got`` equals ``want`` within :func:`tolerance` of ``want``'s largest magnitude."""
-    worst, scale = off_by(got, want)
-    return worst <= tolerance(want.dtype) * max(scale, 1e-6)
 
 
 def with_backward(value: torch.Tensor, surrogate: torch.Tensor) -> torch.Tensor:
@@ -60,7 +42,7 @@ def identity_rule(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 def _eps(module: nn.Module) -> float | None:
-    for name in _EPS_NAMES:
+    for name in EPS_NAMES:
         value = getattr(module, name, None)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
