@@ -12,7 +12,8 @@ The layouts, by the attention module's attribute names (:data:`LAYOUTS`, tried i
 - ``qkv_proj`` + ``o_proj`` (Phi-3): one projection, [q | k | v] with ``num_attention_heads`` query and
   ``num_key_value_heads`` key-value heads;
 - ``c_attn`` + ``c_proj`` (GPT-2): one Conv1D, [q | k | v] in ``split_size`` blocks;
-- ``query_key_value`` + ``dense`` (GPT-NeoX, Pythia): per head ``[q | k | v]``, ``head_size`` each.
+- ``query_key_value`` + ``dense`` (GPT-NeoX, Pythia): per head ``[q | k | v]``, ``head_size`` each;
+- ``Wqkv`` + ``out_proj`` (MPT): one projection, [q | k | v] in three equal blocks.
 
 A clip of the projections' outputs (OLMo's ``config.clip_qkv``, MPT's ``clip_qkv``) is applied to what is cut, as
 the model does. A family that keeps its attention otherwise gets a reader of its own (``Adapter.decoder_attention``).
@@ -35,7 +36,8 @@ if TYPE_CHECKING:
 
 ATTENTION_NAMES = ("self_attn", "attn", "attention")
 OUTPUT_NAMES = ("o_proj", "out_proj", "dense")  # the output projection beside a v_proj
-LAYOUT_NAMES = "v_proj + o_proj / out_proj / dense, qkv_proj + o_proj, c_attn + c_proj or query_key_value + dense"
+LAYOUT_NAMES = ("v_proj + o_proj / out_proj / dense, qkv_proj + o_proj, c_attn + c_proj, query_key_value + dense or "
+                "Wqkv + out_proj")
 Cut = "Callable[[torch.Tensor], torch.Tensor]"
 
 
@@ -171,9 +173,21 @@ def _neox(attention, d, heads, kv) -> dict | None:
                 fused=fused, split=split, names={"qkv": "query_key_value", "o": "dense"})
 
 
+def _mpt(attention, d, heads, kv) -> dict | None:
+    fused, output = _child(attention, "Wqkv"), _child(attention, "out_proj")
+    if fused is None or output is None:
+        return None
+
+    def split(out):
+        return tuple(part.reshape(*out.shape[:2], -1, d) for part in out.chunk(3, dim=-1))
+
+    return dict(output=output, values=fused, cut=lambda out: split(out)[2], fused=fused, split=split,
+                names={"qkv": "Wqkv", "o": "out_proj"})
+
+
 # the layouts by the attention module's attribute names, tried in order: (attention, head_dim, heads, kv heads) ->
 # the parts of AttentionParts that differ between layouts, or None where the module does not follow the layout
-LAYOUTS = (_separate, _phi3, _gpt2, _neox)
+LAYOUTS = (_separate, _phi3, _gpt2, _neox, _mpt)
 
 
 def _clipped(cut, clip):
