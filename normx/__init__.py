@@ -10,7 +10,8 @@
 
 The package's layers, each a folder whose docstring says what it owns and may import (``tests/test_structure.py``
 holds the allowed edges): ``models`` (what normx knows of models) < ``core`` (hooks, concurrency, inputs, labels,
-the forward pass) < ``methods`` (the registry and every method) < ``explanations`` (``explain`` and its result);
+the forward pass) < ``methods`` (the registry and every method) < ``explanations`` (``explain`` and its result)
+< ``context`` (``explain_context``: which part of a context a response came from);
 ``data`` (data sets) and ``zoo`` (offline presets, training) beside them; ``bulk``, ``evaluation`` and ``serving``
 above; ``cli`` and ``integrations`` (other libraries' APIs: inseq) on top.
 """
@@ -43,6 +44,7 @@ _LAZY = {
     "list_methods": "methods", "register_method": "methods", "explain": "explanations.explain",
     "list_presets": "zoo.presets", "Explanation": "explanations.result",
     "explain_generation": "explanations.generation", "Generation": "explanations.generation_result",
+    "explain_context": "context.explain", "ContextAttribution": "context.result",
     "load_attributions": "bulk.read", "corpus_summary": "bulk.read",
 }
 # the public submodules that live in a layer's folder
@@ -84,10 +86,12 @@ def load_model(name_or_path: str = "minilm-sst2", **kwargs):
 
 
 __all__ = [
-    "Adapter", "EmptyTextError", "Explanation", "Generation", "HookNotFiredError", "InputTooLongError",
+    "Adapter", "ContextAttribution", "EmptyTextError", "Explanation", "Generation", "HookNotFiredError",
+    "InputTooLongError",
     "InvalidInputError", "LayerOutOfRangeError", "Method", "ModelLoadError", "NormxError", "Option",
     "PairNotSupportedError", "PairRequiredError", "UnknownMethodError", "UnknownTargetError", "UnsupportedModelError",
     "WorkBudgetError", "attribute_dataset", "capture", "corpus_summary", "describe_methods", "explain",
-    "explain_generation", "get_adapter", "list_methods", "list_presets", "load_attributions", "load_model",
+    "explain_context", "explain_generation", "get_adapter", "list_methods", "list_presets", "load_attributions",
+    "load_model",
     "register_adapter", "register_method", "supported_models",
 ]

@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args) -> int:
-    from normx.methods import describe_methods, get_method
+    from normx.methods import describe_methods, get_method, list_methods
 
     if args.command not in ("methods", "models", "supported", "cache", "space"):  # light commands: no torch
         _quiet_transformers()
@@ -145,8 +145,12 @@ def _run(args) -> int:
             print("\nexperimental (candidates under study, usable by name; docs/variants.md):")
             for name, description in experimental.items():
                 print(f"{name:<20} {description}")
+        responses = {k: get_method(k).description for k in list_methods(response_only=True) if k not in offered}
+        print("\nresponse only (the sources of a whole response: normx cite, explain_generation, explain_context):")
+        for name, description in responses.items():
+            print(f"{name:<20} {description}")
         return 0
-    if args.command in ("evaluate", "generate", "cite", "space", "supported", "cache"):  # commands with a module of their own
+    if args.command in ("evaluate", "generate", "cite", "space", "supported", "cache"):  # with a module of their own
         return importlib.import_module(f"normx.cli.{args.command}").run(args)
     if args.command == "models":
         return _models(args)

@@ -113,7 +113,7 @@ def test_ablation_methods_are_response_only(llama):
         normx.explain_generation(model, tok, PROMPT, method="normxlogit", scope="response")
     assert get_method("contextcite").passes(100, 1, {"n_ablations": 32}) == 33
     assert get_method("leave_one_out").passes(100, 1, {"sources": [(0, 2), (2, 4)]}) == 3
-    bert, bert_tok = tiny.build("BertForSequenceClassification")
+    bert, _ = tiny.build("BertForSequenceClassification")
     assert "causal LM" in get_method("leave_one_out").unsupported(bert)
 
 

@@ -1,0 +1,136 @@
+"""``normx.explain_context`` and ``normx cite`` on a tiny Llama: sources and their token spans, a source's score as
+the sum of the Generation's rows over the steps and its tokens (what explain_generation gives for the same prompt),
+parts of the response, JSON round trip, HTML, Captum, bad input, and the command line end to end."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import tiny
+
+import normx
+from normx.cli.main import main
+from normx.context import ContextAttribution, explain_context
+from normx.errors import EmptyTextError, InvalidInputError
+
+CONTEXT = "the film was good. a dull plot! it was long."
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return tiny.build("LlamaForCausalLM")
+
+
+def test_sources_spans_and_scores_are_the_generations_rows(llama):
+    model, tok = llama
+    r = explain_context(model, tok, CONTEXT, "good?", method="leave_one_out", max_new_tokens=3)
+    assert [s.text for s in r.sources] == ["the film was good.", "a dull plot!", "it was long."]
+    assert r.prompt == "Context: " + CONTEXT + "\n\nQuery: good?"
+    g = r.generation
+    for s in r.sources:
+        assert CONTEXT[s.start:s.end] == s.text
+        assert tok.decode(g.token_ids[s.token_start:s.token_end]).strip() == s.text
+    assert g.settings["source_spans"] == [[s.token_start, s.token_end] for s in r.sources]
+    same = normx.explain_generation(model, tok, r.prompt, method="leave_one_out", target=r.response_ids,
+                                    sources=[(s.token_start, s.token_end) for s in r.sources])
+    # the checker's reading: a source's score is the sum of its rows over the steps and its tokens
+    want = [np.nansum(same.scores[0][:, s.token_start:s.token_end]) for s in r.sources]
+    np.testing.assert_allclose(r.scores, want, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(r.attributions(0, 1) + r.attributions(1, None), r.scores, atol=1e-5)
+    assert r.top(1)[0][0] == int(np.argmax(r.scores)) and r.top(2)[0][2] >= r.top(2)[1][2]
+    assert r.response_parts() and r.response_parts()[0][1] == 0
+    # left to itself, explain_generation splits the whole prompt: its first sentence has the template's "Context:"
+    own = normx.explain_generation(model, tok, r.prompt, method="leave_one_out", target=r.response_ids)
+    first = own.settings["source_spans"][0]
+    assert tok.decode(own.token_ids[first[0]:first[1]]).strip() == "Context: the film was good."
+
+
+def test_one_pass_and_gradient_methods_aggregate_their_rows(llama):
+    model, tok = llama
+    r = explain_context(model, tok, CONTEXT, "good?", method="gradient_x_input", max_new_tokens=3)
+    assert r.generation.settings["scope"] == "response" and r.reading == "magnitude"
+    rows = r.generation.scores[0]
+    np.testing.assert_allclose(r.scores, [np.nansum(np.abs(rows[:, s.token_start:s.token_end]))
+                                          for s in r.sources], rtol=1e-5)
+    n = explain_context(model, tok, CONTEXT, "good?", method="normxlogit", response=" yes it")
+    assert n.response == " yes it" and "scope" not in n.generation.settings
+    np.testing.assert_allclose(n.scores, [np.nansum(n.generation.scores[-1][:, s.token_start:s.token_end])
+                                          for s in n.sources], rtol=1e-5)
+
+
+def test_a_list_of_sources_a_template_and_chat_scaffolding(llama):
+    model, tok = llama
+    r = explain_context(model, tok, ["first doc.", "second doc."], method="contextcite", n_ablations=8,
+                        prompt_template="Docs: {context}\nQ: {query}\nA:", query="which?", max_new_tokens=2)
+    assert r.prompt == "Docs: first doc.\n\nsecond doc.\nQ: which?\nA:"
+    assert [s.text for s in r.sources] == ["first doc.", "second doc."] and r.settings["sources"] == "given"
+    for bad, error in ((dict(context=" \n "), EmptyTextError), (dict(context=["a", " "]), EmptyTextError),
+                       (dict(context=CONTEXT, prompt_template="no place"), InvalidInputError),
+                       (dict(context=CONTEXT, prompt_template="{context} {query}"), InvalidInputError),
+                       (dict(context=CONTEXT, sources="chapters"), InvalidInputError)):
+        with pytest.raises(error):
+            explain_context(model, tok, **bad, max_new_tokens=1)
+
+
+def test_json_round_trip_html_and_captum(llama):
+    model, tok = llama
+    r = explain_context(model, tok, CONTEXT, "good?", method="contextcite", n_ablations=8, max_new_tokens=3)
+    back = ContextAttribution.from_json(r.to_json())
+    np.testing.assert_allclose(back.scores, r.scores)
+    assert back.sources == r.sources and back.response == r.response and back.query == "good?"
+    data = json.loads(r.to_json())
+    assert [s["score"] for s in data["sources"]] == pytest.approx(r.scores.tolist())
+    page = r.to_html()
+    for s in r.sources:
+        assert s.text in page
+    assert "source 0:" in page and "response:" in page
+    assert "ContextAttribution(contextcite, 3 sources" in repr(r)
+    pytest.importorskip("captum")
+    result = r.to_captum()
+    assert list(result.seq_attr.shape) == [3] and list(result.token_attr.shape) == [3, 3]
+    np.testing.assert_allclose(result.seq_attr.numpy(), r.scores, rtol=1e-5, atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def llama_folder(llama, tmp_path_factory):
+    model, tok = llama
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+def test_cite_end_to_end(llama_folder, tmp_path, capsys):
+    context = tmp_path / "context.txt"
+    context.write_text(CONTEXT + "\n", encoding="utf-8")
+    out, page = tmp_path / "r.json", tmp_path / "r.html"
+    code = main(["cite", str(context), "--model", str(llama_folder), "--query", "good?", "--n-ablations", "8",
+                 "--max-new-tokens", "3", "--json", str(out), "--html", str(page), "--top", "2"])
+    shown = capsys.readouterr()
+    assert code == 0, shown.err
+    lines = shown.out.splitlines()
+    assert lines[0].startswith("response: ") and "contextcite" in lines[1] and "about 9 forward passes" in lines[1]
+    assert len(lines) == 3 + 2
+    stored = ContextAttribution.from_json(out.read_text(encoding="utf-8"))
+    assert str(stored.top(1)[0][0]) == lines[3].split()[1]
+    assert all(s.text in page.read_text(encoding="utf-8") for s in stored.sources)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["cite", "/no/such/file", "--model", "M"], "no context file"),
+    (["cite", "CTX", "--model", "M", "--method", "nope"], "unknown method"),
+    (["cite", "CTX", "--model", "M", "--top", "0"], "--top must be at least 1"),
+    (["cite", "CTX", "--model", "M", "--query", " "], "--query text"),
+    (["cite", "BIN", "--model", "M"], "not UTF-8"),
+])
+def test_cite_refuses_bad_input_before_any_model_load(argv, message, tmp_path, capsys, monkeypatch):
+    (tmp_path / "ctx.txt").write_text(CONTEXT, encoding="utf-8")
+    (tmp_path / "bin.txt").write_bytes(b"\xff\xfe\x00abc")
+    argv = [str(tmp_path / "ctx.txt") if a == "CTX" else str(tmp_path / "bin.txt") if a == "BIN" else a
+            for a in argv]
+    monkeypatch.setattr("normx.zoo.loading.load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("normx: error:") and message in err and "Traceback" not in err
