@@ -31,9 +31,8 @@ HIDDEN = {"value": None, "visible": False}
 
 
 def _guard(fn, locked: bool | None = None):
-    """Every handler: user errors become a message in the page (gr.Error), never a dead app; the message quotes at
-    most an excerpt of the input, and in locked mode (``locked``; default: the handler's demo's) a failure that is
-    not the visitor's is one generic sentence (:func:`normx.serving.messages.error_message`)."""
+    """Every handler: user errors become a message in the page (gr.Error), never a dead app, worded by
+    :func:`normx.serving.messages.error_message` (an excerpt of the input; locked: no detail that is not the user's)."""
     if locked is None:
         locked = bool(getattr(getattr(getattr(fn, "__self__", None), "cache", None), "locked", False))
 
@@ -43,10 +42,9 @@ def _guard(fn, locked: bool | None = None):
             return fn(*args, **kwargs)
         except gr.Error:
             raise
-        except Exception as exc:  # a user's error is a message in the page's words; anything else is logged too
-            known = isinstance(exc, normx.NormxError)
-            if not known:
-                serving.log.exception("demo handler failed")
+        except Exception as exc:
+            if not isinstance(exc, normx.NormxError):  # a user's error is a message in the page's words
+                serving.log.exception("demo handler failed")  # anything else is logged too
             raise gr.Error(messages.error_message(exc, locked), duration=ERROR_SECONDS, print_exception=False) \
                 from None
 
@@ -137,7 +135,7 @@ class Demo:
         return [gr.update(value=view.heading), probs, *labels, contrast, compared]
 
     def _tokenizer(self, state):
-        return None if not state else self.cache.get(state.model)[1]
+        return self.cache.get(state.model)[1] if state else None
 
     def _contrast(self, state, step: int):
         """The step's default contrast (computed once for vocabulary heads) and the two pickers' updates."""
@@ -152,8 +150,7 @@ class Demo:
         locked = self.cache.locked
         offered = list(self.cache.allowed if locked else normx.list_presets())
         choices = offered if self.default_model in offered else [self.default_model, *offered]
-        examples = serving.examples(offered)
-        info = serving.preset_info(self.default_model)
+        examples, info = serving.examples(offered), serving.preset_info(self.default_model)
         default_compare = views.default_compare_methods(self.methods)
 
         with gr.Blocks(title="normx: NormXLogit explanations", analytics_enabled=False) as blocks:
@@ -179,8 +176,7 @@ class Demo:
                                            "are explained; a longer text is cut (the page says where)",
                                       placeholder="A sentence (the premise for sentence-pair models, a prompt for LMs)")
                     pair = gr.Textbox(label="Second text", info="sentence-pair models (NLI, STS-B): the hypothesis "
-                                      "or second sentence", value="", lines=1,
-                                      elem_id="normx-pair",
+                                      "or second sentence", value="", lines=1, elem_id="normx-pair",
                                       visible=info["inputs"] != "single" and info["task"] != "causal-lm")
                     steps = gr.Slider(1, session.MAX_CONTINUATION, value=session.DEFAULT_CONTINUATION, step=1,
                                       label="Tokens to generate and explain (causal LMs)",
@@ -219,10 +215,8 @@ class Demo:
                             with gr.Row():
                                 compare_methods = gr.CheckboxGroup(self.methods, value=default_compare,
                                                                    label="Methods (same input, the predicted label)")
-                                compare_button = gr.Button("Compare", scale=0, min_width=120,
-                                                           elem_id="normx-compare")
+                                compare_button = gr.Button("Compare", scale=0, min_width=120, elem_id="normx-compare")
                             compared = gr.HTML(views.compare_html({}), label="Compared", elem_id="normx-compared")
-
             shown = [prediction, probs, *label_boxes, contrast, compared]
             view_inputs = [state, layer, unit, show_special, step]
             compare_inputs = [*view_inputs, contrast_a, contrast_b, compare_methods]
