@@ -9,11 +9,12 @@ from __future__ import annotations
 import argparse
 
 import normx.cli.blimp
+import normx.cli.context
 import normx.cli.faithfulness
 
 # experiment -> module with add_parser (imported by their paths: `from normx.cli import ...` would run the package's
 # __init__, which imports normx.cli.main, which imports this module)
-EXPERIMENTS = {"faithfulness": normx.cli.faithfulness, "blimp": normx.cli.blimp}
+EXPERIMENTS = {"faithfulness": normx.cli.faithfulness, "blimp": normx.cli.blimp, "context": normx.cli.context}
 
 
 def add_evaluate_parser(sub) -> argparse.ArgumentParser:
