@@ -142,3 +142,18 @@ def test_response_scope_is_one_backward_of_the_responses_log_probability(llama, 
     np.testing.assert_allclose(got[:-1], want[:-1].numpy(), rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(g.scores[0][0, :length], want[:length].numpy() / n, rtol=1e-4, atol=1e-6)
     np.testing.assert_allclose(g.diagnostics["log_probability"], np.log(g.probabilities), atol=1e-4)
+
+
+def test_a_prompt_with_every_token_a_source_and_no_bos():
+    """GPT-2's tokenizer adds no BOS: removing every source leaves no prompt, so the sequence starts from its
+    <|endoftext|>; leave-one-out of the only source is the drop from the response after that token alone."""
+    model, tok = tiny.build("GPT2LMHeadModel")
+    g = normx.explain_generation(model, tok, "a dull movie", method="leave_one_out", max_new_tokens=3,
+                                 sources=[(0, len(tok("a dull movie")["input_ids"]))])
+    start = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
+    alone = response_log_probs(model, [start, *g.token_ids[g.prompt_length:]], g.steps)
+    full = response_log_probs(model, g.token_ids, g.steps)
+    np.testing.assert_allclose(np.nansum(g.scores[0], axis=1), full - alone, atol=1e-4)
+    c = normx.explain_generation(model, tok, "a dull movie", method="contextcite", max_new_tokens=3,
+                                 sources="tokens", n_ablations=16)
+    assert np.isfinite(np.nansum(c.scores))

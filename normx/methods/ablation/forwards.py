@@ -5,7 +5,9 @@ response's ids, numbered from 0 as any sequence (the positions close up, as if t
 it). ContextCite removes the source's text and tokenises again; removing the ids instead keeps every other token the
 same token (no re-tokenisation drift at the seams: a space or a merge across the cut) and the response's ids exactly
 the ones explained. The sequences are batched (right padding, which a causal model's real tokens never see) and
-every pass reads the head at the response positions only.
+every pass reads the head at the response positions only. A sequence left with no prompt token (every source
+removed, and a tokenizer that adds no BOS) starts from the tokenizer's BOS (else EOS) token, as GPT-2's
+``<|endoftext|>`` starts a text.
 """
 
 from __future__ import annotations
@@ -14,13 +16,22 @@ import numpy as np
 
 from normx._torch import torch
 from normx.core.hooks import output_tensor
+from normx.errors import InvalidInputError
 from normx.methods.response import ResponseContext, response_positions
 
 
 def kept_ids(ctx: ResponseContext, sources: list[list[int]], keep: np.ndarray) -> list[int]:
     """The sequence's ids without the tokens of the sources ``keep`` (bool [sources]) marks False."""
     removed = {i for members, kept in zip(sources, keep) if not kept for i in members}
-    return [token for i, token in enumerate(ctx.item.ids) if i not in removed]
+    prompt = [token for i, token in enumerate(ctx.item.ids[:ctx.prompt_length]) if i not in removed]
+    if not prompt:  # every prompt token removed (a tokenizer that adds no BOS): start from its BOS / EOS token
+        start = next((t for t in (getattr(ctx.tokenizer, "bos_token_id", None),
+                                  getattr(ctx.tokenizer, "eos_token_id", None)) if t is not None), None)
+        if start is None:
+            raise InvalidInputError("removing every source leaves no prompt token, and this tokenizer has no BOS or "
+                                    "EOS token to start from; leave some of the prompt out of the sources")
+        prompt = [start]
+    return prompt + list(ctx.item.ids[ctx.prompt_length:])
 
 
 def outcomes(ctx: ResponseContext, sources: list[list[int]], keeps: np.ndarray, desc: str = "ablations"
