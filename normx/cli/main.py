@@ -13,7 +13,7 @@ from normx._version import __version__
 from normx.cli.checks import check_layers, check_texts
 from normx.cli.options import add_model_flags, add_output_flags, layer_spec, write_page
 from normx.cli.options import texts as read_texts
-from normx.errors import InputWarning, InvalidInputError, NormxError
+from normx.errors import CacheWarning, InputWarning, InvalidInputError, NormxError
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -136,6 +136,10 @@ def _run(args) -> int:
 
     if args.command not in ("methods", "models", "supported", "cache", "space"):  # light commands: no torch
         _quiet_transformers()
+        if isinstance(getattr(args, "model", None), str):
+            from normx.models.loading import check_model_name
+
+            check_model_name(args.model)
     if args.command == "methods":
         offered = describe_methods()
         for name, description in offered.items():
@@ -352,8 +356,9 @@ def _quiet_transformers() -> None:
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
-    """Warnings on the terminal as the CLI's own lines (normx's input warnings: truncation, unknown tokens)."""
-    where = "" if issubclass(category, InputWarning) else f" ({category.__name__}, {filename}:{lineno})"
+    """Warnings on the terminal as the CLI's own lines (normx's own warnings: truncation, unknown tokens, a cache
+    entry repaired; another library's warning names its class and origin)."""
+    where = "" if issubclass(category, (InputWarning, CacheWarning)) else f" ({category.__name__}, {filename}:{lineno})"
     print(f"normx: warning: {message}{where}", file=sys.stderr if file is None else file)
 
 

@@ -61,11 +61,17 @@ def load_pretrained(name_or_path: str | Path, *, task: str | None = None, dtype=
         return _load(str(name_or_path), task, dtype, device, notify, kwargs)
 
 
-def _load(source: str, task: str | None, dtype, device, notify, kwargs: dict):
+def check_model_name(source: str) -> None:
+    """A name no file system takes (a part over 255 characters: probing it as a path raises OSError, File name too
+    long) is a :class:`ModelLoadError` before anything looks for it."""
     longest = max((len(part) for part in Path(source).parts), default=0)
-    if longest > _NAME_MAX:  # the file system's limit: checking such a path raises OSError (File name too long)
+    if longest > _NAME_MAX:
         raise ModelLoadError(f"the model name {source[:40]!r}... has a part of {longest} characters; a preset, hub "
                              f"id or folder name is at most {_NAME_MAX}")
+
+
+def _load(source: str, task: str | None, dtype, device, notify, kwargs: dict):
+    check_model_name(source)
     path = Path(source).expanduser()
     file = path / kwargs.pop("gguf_file") if kwargs.get("gguf_file") else gguf_file(path)
     if file is not None:

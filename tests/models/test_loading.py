@@ -118,3 +118,12 @@ def test_a_name_longer_than_a_file_name_is_a_load_error():
 
     with pytest.raises(ModelLoadError, match="300 characters"):
         normx.load_model("a" * 300)
+
+
+@pytest.mark.parametrize("command", ["explain", "generate", "cite"])
+def test_the_cli_refuses_a_name_longer_than_a_file_name_in_its_words(command, capsys):
+    from normx.cli import main
+
+    assert main([command, "--model", "b" * 300, "some text"]) == 2
+    err = capsys.readouterr().err
+    assert "has a part of 300 characters" in err and "Traceback" not in err and "OSError" not in err
