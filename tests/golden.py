@@ -9,7 +9,7 @@ diagnostics in logit units likewise (a ratio of two such numbers, AttnLRP's cons
 explained logit, through the logit it implies: ``RATIOS``); probabilities by ``rtol`` (their scale is 1); a
 regression prediction by ``rtol`` x its own size. Tokens, labels, layers and the predicted label must be equal.
 
-``rtol`` is per case and method, derived from a measurement: ``bench/golden_spread.py`` recomputes every stored
+``rtol`` is per case and method, derived from a measurement: ``python -m studies.golden.spread`` recomputes every stored
 output under other kernel paths (ATen's AVX-512 / AVX2 / no-AVX kernels, MKL's and oneDNN's paths, MKL's
 conditional-numerical-reproducibility mode, one or two threads) and records the largest deviation per file in
 ``SPREAD`` (``tests/methods/golden/spread.json``); ``rtol`` = ``MARGIN`` x that spread, at least ``FLOOR``
@@ -30,7 +30,7 @@ import tiny
 import normx
 
 ROOT = Path(__file__).parent / "methods" / "golden"
-SPREAD = ROOT / "spread.json"  # written by bench/golden_spread.py --out
+SPREAD = ROOT / "spread.json"  # written by studies/golden/spread.py --out
 MARGIN = 10  # rtol = MARGIN x the measured spread ...
 FLOOR = 1e-5  # ... and at least FLOOR
 CEILING = 1e-4  # a spread whose rtol would exceed this is an unstable computation to fix, not a tolerance to widen
@@ -132,7 +132,7 @@ def deviation(got, want) -> tuple[float, list[str]]:
 
 def spreads() -> dict[str, dict[str, dict]]:
     """``{case: {method: {"spread": the largest deviation measured, "where": its configuration}}}`` as
-    ``bench/golden_spread.py`` recorded it in ``SPREAD`` (empty without the file)."""
+    ``python -m studies.golden.spread`` recorded it in ``SPREAD`` (empty without the file)."""
     if not SPREAD.exists():
         return {}
     return json.loads(SPREAD.read_text(encoding="utf-8"))["spread"]

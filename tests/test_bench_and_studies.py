@@ -20,9 +20,8 @@ FORBIDDEN = re.compile(r"sys\.path\s*(\.\s*(insert|append|extend)\b|[+]?=)|\buni
                        r"|\bmock\.patch\b|\bmonkeypatch\b")
 # commands whose output file is a positional argument (run by other studies), not --out
 OUT_POSITIONAL = {"studies/parity/lxt_attnlrp.py": "rows MODEL STEPS.json ROWS.json, run by the peers study"}
-# a study still in bench/, and why: moves to studies/timing/ once the golden-spread work on it and on tests/golden.py,
-# tests/methods/test_golden.py, docs/golden.md and .ci/run is committed (#44); remove the entry then
-PENDING = {"golden_spread": "another change in flight edits it and the files that name it"}
+# a study still in bench/, and why (none now: golden_spread moved to studies/golden/spread.py)
+PENDING: dict[str, str] = {}
 
 
 def python_files(folder: Path) -> list[Path]:

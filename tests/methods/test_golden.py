@@ -3,13 +3,14 @@ preset equals what was stored (``tests/methods/golden/<case>/<method>.json.gz``)
 each output's scale that holds across CPUs (``tests/golden.py`` says how it was chosen).
 
 A new method or case adds files and rewrites none: ``NORMX_UPDATE_GOLDEN=missing python -m pytest
-tests/methods/test_golden.py`` writes the files that do not exist yet, and ``python bench/golden_spread.py --out
+tests/methods/test_golden.py`` writes the files that do not exist yet, and ``python -m studies.golden.spread --out
 tests/methods/golden/spread.json --methods NAME`` measures their spread (a stored file without one fails). A
 deliberate change of a method's results rewrites that method's files, ``NORMX_UPDATE_GOLDEN=decompx,alti ...``, and
 its commit says why.
 
 With ``NORMX_GOLDEN_RECORD=FILE`` the comparison is not asserted: each case appends its deviation from the stored
-file (and the kernel path it ran on) to FILE as one JSON line, which is how ``bench/golden_spread.py`` measures.
+file (and the kernel path it ran on) to FILE as one JSON line, which is how ``python -m studies.golden.spread``
+measures.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def test_outputs_unchanged(case, method):
         return
     rtol = golden.tolerance(case, method)
     if rtol is None:
-        pytest.fail(f"{file} has no measured spread in {golden.SPREAD.name}: python bench/golden_spread.py --out "
+        pytest.fail(f"{file} has no measured spread in {golden.SPREAD.name}: python -m studies.golden.spread --out "
                     f"{golden.SPREAD} --methods {method} measures it")
     problems = golden.differences(got, golden.load(case, method), rtol)
     assert not problems, f"{method} on {case} differs from {file.name}: " + "; ".join(problems[:5])

@@ -9,8 +9,8 @@ ATen kernels' instruction set (``ATEN_CPU_CAPABILITY``: the machine's own, avx2,
 runs tests/methods/test_golden.py with ``NORMX_GOLDEN_RECORD`` set, so the golden cases are the tests' own and this
 script imports none of them. A file's spread is its largest deviation over the configurations.
 
-    python bench/golden_spread.py --out tests/methods/golden/spread.json [--methods attnlrp,decompx]
-    python bench/golden_spread.py --second-pass    # CI: the golden tests under SECOND_PASS, asserted
+    python -m studies.golden.spread --out tests/methods/golden/spread.json [--methods attnlrp,decompx]
+    python -m studies.golden.spread --second-pass    # CI: the golden tests under SECOND_PASS, asserted
 
 ``--out`` merges: the measured files' entries are replaced, the others kept (a new method measures only its own
 files). Prints the largest spread per method and configuration, and per case and method (Markdown).
@@ -29,7 +29,7 @@ import tempfile
 from importlib.metadata import version
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TESTS = "tests/methods/test_golden.py"
 GOLDEN = REPO / "tests" / "methods" / "golden"
 AVX2 = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "DNNL_MAX_CPU_ISA": "AVX2"}
@@ -92,7 +92,7 @@ def merge(out: Path, runs: dict[str, dict], configurations: dict) -> dict:
     was largest, the deviation under each)."""
     table = json.loads(out.read_text(encoding="utf-8")) if out.exists() else {"runs": [], "spread": {}}
     table["about"] = ("The largest deviation of each stored golden output from its file, as a fraction of its scale, "
-                      "over the configurations of its run: python bench/golden_spread.py --out " +
+                      "over the configurations of its run: python -m studies.golden.spread --out " +
                       str(out.relative_to(REPO) if out.is_relative_to(REPO) else out))
     pairs = sorted({pair for got in runs.values() for pair in got})
     for case, method in pairs:
