@@ -85,6 +85,26 @@ class AttentionParts:
         """W_O per head [heads, head_dim, hidden] (:func:`normx.models.projections.head_projections`)."""
         return head_projections(self.output, heads or self.heads, self.head_dim)
 
+    def query_key_sources(self) -> dict[str, nn.Module] | None:
+        """The modules whose outputs hold the queries and keys: ``{"q": ..., "k": ...}`` (separate projections) or
+        ``{"qkv": ...}`` (one fused projection), or None where neither is read."""
+        if self.q is not None and self.k is not None:
+            return {"q": self.q, "k": self.k}
+        if self.fused is not None and self.split is not None:
+            return {"qkv": self.fused}
+        return None
+
+    def queries_keys(self, outputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(queries [B, T, heads, head_dim], keys [B, T, kv heads, head_dim]) from the outputs of
+        :meth:`query_key_sources` (the clip applied; the q / k norms and rotary embeddings not)."""
+        if "qkv" in outputs:
+            q, k, _ = self.split(outputs["qkv"])
+        else:
+            q, k = _per_head(self.head_dim)(outputs["q"]), _per_head(self.head_dim)(outputs["k"])
+        if self.clip:
+            q, k = q.clamp(min=-self.clip, max=self.clip), k.clamp(min=-self.clip, max=self.clip)
+        return q, k
+
     def name(self, role: str) -> str:
         """The attribute name of a part (``"q"``, ``"o"``, ``"qkv"``, ...) in its module, for messages."""
         return (self.names or {}).get(role, role)

@@ -201,19 +201,22 @@ def test_refusals_name_the_reason_and_leave_the_model_as_it_was(unchanged):
     unchanged(model)
     attention = model.model.layers[1].self_attn
     handle = attention.register_forward_hook(lambda _m, _a, out: (out[0] * 2, out[1]))  # output no longer mixed values
-    try:
-        with pytest.raises(normx.UnsupportedModelError, match=r"block 2's LlamaAttention.*own output"):
-            normx.explain(model, tok, TEXT, method="norm_attention")
-        assert normx.explain(model, tok, TEXT, method="attention").scores.shape[-1] > 0  # weights still read
+    try:  # both read the values now: the recomputed rows are checked against the module's output
+        for method in ATTENTION:
+            with pytest.raises(normx.UnsupportedModelError, match=r"block 2's LlamaAttention.*own output"):
+                normx.explain(model, tok, TEXT, method=method)
     finally:
         handle.remove()
+    assert model.config._attn_implementation != "eager"  # restored after the errors too
+    implementation = model.config._attn_implementation
+    model.set_attn_implementation("eager")  # probabilities the module returns are read as they are: checked too
     handle = attention.register_forward_hook(lambda _m, _a, out: (out[0], out[1] * 0.5))  # not a softmax
     try:
         with pytest.raises(normx.UnsupportedModelError, match="sum to one"):
             normx.explain(model, tok, TEXT, method="attention")
     finally:
         handle.remove()
-    assert model.config._attn_implementation != "eager"  # restored after the errors too
+        model.set_attn_implementation(implementation)
 
 
 def test_generate_command_takes_the_methods(tmp_path, capsys):

@@ -25,27 +25,25 @@ from collections.abc import Callable
 from typing import Any
 
 from normx._torch import torch
-from normx.core.concurrency import attention_weights
+from normx.core.concurrency import attention_weights, using
 from normx.core.forward import Pass
 from normx.core.hooks import hooked, output_tensor
 from normx.errors import UnsupportedModelError
 from normx.methods.decoder.heads import BlockAttention, block_attention, decoder_reason
 from normx.methods.numerics import tolerance
+from normx.models.attention_scores import BlockScores, read_scores
 
 KINDS = ("attention", "norm_attention")
 _CHUNK = 2**24  # at most this many floats in one [B, tokens, heads, hidden] chunk of f^h(x_j)
 
 
-def _probabilities(output, block: BlockAttention, method: str, length: int) -> torch.Tensor:
-    """The attention probabilities [B, heads, T, T] in the attention module's output (eager attention)."""
+def _no_probabilities(output, block: BlockAttention, method: str, length: int) -> UnsupportedModelError:
     probs = output[1] if isinstance(output, (tuple, list)) and len(output) > 1 else None
-    if not isinstance(probs, torch.Tensor) or probs.dim() != 4 or probs.shape[-2:] != (length, length):
-        got = f"a tensor of shape {tuple(probs.shape)}" if isinstance(probs, torch.Tensor) else type(probs).__name__
-        raise UnsupportedModelError(
-            f"{method} reads the attention probabilities [batch, heads, {length}, {length}] that a decoder block's "
-            f"attention module returns with eager attention; block {block.layer}'s {type(block.attention).__name__} "
-            f"returned {got} instead")
-    return probs
+    got = f"a tensor of shape {tuple(probs.shape)}" if isinstance(probs, torch.Tensor) else type(probs).__name__
+    return UnsupportedModelError(
+        f"{method} reads the attention probabilities [batch, heads, {length}, {length}] that a decoder block's "
+        f"attention module returns with eager attention; block {block.layer}'s {type(block.attention).__name__} "
+        f"returned {got} instead")
 
 
 def _rows(probs: torch.Tensor, queries: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -122,56 +120,134 @@ def _needed(layers: list[int], aggregate: bool) -> list[int]:
     return list(range(1, top + 1)) if aggregate else sorted({layer for layer in layers if layer > 0})
 
 
+class Unreadable(Exception):
+    """The queries and keys of a block cannot be read (the reason is the message): the probabilities come from an
+    eager-attention pass instead."""
+
+
+def own_probabilities(output, length: int) -> torch.Tensor | None:
+    """The probabilities [B, heads, T, T] an attention module returned (eager attention, or a module that always
+    returns them), or None."""
+    probs = output[1] if isinstance(output, (tuple, list)) and len(output) > 1 else None
+    if isinstance(probs, torch.Tensor) and probs.dim() == 4 and probs.shape[-2:] == (length, length):
+        return probs
+    return None
+
+
+def linear_modules(read: dict[int, BlockAttention]) -> dict[str, torch.nn.Module] | None:
+    """The modules to hook so that each block's probabilities are recomputed at the rows read (its attention
+    module, value module and query / key sources), or None where a block's queries and keys are not read."""
+    modules = {}
+    for layer, block in read.items():
+        sources = None if block.parts is None else block.parts.query_key_sources()
+        if sources is None:
+            return None
+        modules |= {f"{layer}.attention": block.attention, f"{layer}.values": block.values}
+        modules |= {f"{layer}.qk.{role}": module for role, module in sources.items()}
+    return modules
+
+
+def block_scores(block: BlockAttention, projected: dict, kwargs: dict, padding: torch.Tensor) -> BlockScores:
+    """The block's :class:`~normx.models.attention_scores.BlockScores`, or :class:`Unreadable`."""
+    scores = read_scores(block.parts, projected, kwargs, padding)
+    if isinstance(scores, str):
+        raise Unreadable(scores)
+    return scores
+
+
 def read_blocks(run: Pass, queries: torch.Tensor, read: dict[int, BlockAttention], method: str,
                 keep: Callable[[BlockAttention, torch.Tensor, torch.Tensor | None], Any]) -> dict[int, Any]:
-    """Run ``run``'s forward pass (:meth:`Pass.run`, so its captured layers are there after) with eager attention
-    and return ``{block l: keep(block, rows, values)}`` for the blocks ``read`` (:func:`block_attention`), made
-    inside the block's attention hook: ``rows`` [B, H, Q, T] the attention probabilities at query positions
-    ``queries`` [B, Q] (float32, float64 for float64 models; padding keys zeroed; checked to sum to one), ``values``
+    """Run ``run``'s forward pass (:meth:`Pass.run`, so its captured layers are there after) and return
+    ``{block l: keep(block, rows, values)}`` for the blocks ``read`` (:func:`block_attention`), made inside the
+    block's attention hook: ``rows`` [B, H, Q, T] the attention probabilities at query positions ``queries``
+    [B, Q] (float32, float64 for float64 models; padding keys zeroed; checked to sum to one), ``values``
     [B, T, H, d] the value vectors (key-value heads repeated; checked to give the module's own output when mixed
-    by ``rows`` and projected) where the block was read with its values, else None."""
-    mask = run.inputs["attention_mask"]
-    length = mask.shape[1]
+    by ``rows`` and projected) where the block was read with its values, else None.
+
+    The forward runs with the model's own attention implementation, and each block's rows are recomputed from its
+    own queries and keys (:mod:`normx.models.attention_scores`): memory grows with the tokens, not their square.
+    Where a block's queries and keys are not read (no parts read, a layout or position scheme not read, or rows
+    that do not reproduce the module's output), the pass runs again with eager attention and the rows are the
+    probabilities the modules return."""
+    modules = linear_modules(read)
+    if modules is not None:
+        try:
+            with using(run.model):
+                return _read_blocks(run, queries, read, method, keep, modules)
+        except Unreadable:
+            pass
     modules = {f"{layer}.attention": block.attention for layer, block in read.items()}
     modules |= {f"{layer}.values": block.values for layer, block in read.items() if block.parts is not None}
-    captured_values: dict[int, torch.Tensor] = {}
+    with attention_weights(run.model):
+        return _read_blocks(run, queries, read, method, keep, modules)
+
+
+def _read_blocks(run: Pass, queries: torch.Tensor, read: dict[int, BlockAttention], method: str, keep,
+                 modules: dict) -> dict[int, Any]:
+    mask = run.inputs["attention_mask"]
+    length = mask.shape[1]
+    captured: dict[int, dict] = {layer: {} for layer in read}
     out: dict[int, Any] = {}
 
-    def on_call(key, _args, _kwargs, output):
-        layer, part = key.split(".")
+    def on_call(key, _args, kwargs, output):
+        layer, part, *role = key.split(".")
         block = read[int(layer)]
         if part == "values":
-            captured_values[block.layer] = block.value_vectors(output_tensor(output))
+            captured[block.layer]["values"] = block.value_vectors(output_tensor(output))
             return None
-        probs = _probabilities(output, block, method, length)
-        rows = _rows(probs, queries, mask)
-        _check_sums(rows, block, method, probs.dtype)
+        if part == "qk":
+            captured[block.layer][role[0]] = output_tensor(output)
+            return None
+        seen = captured[block.layer]
+        captured[block.layer] = {}
+        probs = own_probabilities(output, length)
+        if probs is not None:
+            rows = _rows(probs, queries, mask)
+        elif "values" not in seen or not any(role in seen for role in ("q", "qkv")):
+            raise _no_probabilities(output, block, method, length)
+        else:
+            scores = block_scores(block, {k: v for k, v in seen.items() if k != "values"}, kwargs, mask)
+            rows = scores.probabilities(queries) * mask[:, None, None, :].to(scores.queries.dtype)
+        if probs is not None or scores.sinks is None:  # (a sink's share goes to no token)
+            _check_sums(rows, block, method, rows.dtype if probs is None else probs.dtype)
         if block.parts is None:
             out[block.layer] = keep(block, rows, None)
             return None
-        values = captured_values.pop(block.layer, None)
+        values = seen.get("values")
         if values is None:
             raise UnsupportedModelError(f"{method}: block {block.layer}'s {type(block.values).__name__} did not run "
                                         "before its attention returned, so its output is not the values it mixed")
         values = repeat_values(values, rows.shape[1], block, method)
-        _check_mix(rows, values, output, block, queries, method)
+        try:
+            _check_mix(rows, values, output, block, queries, method)
+        except UnsupportedModelError as exc:
+            if probs is None:  # the recomputed rows: read the module's own probabilities instead
+                raise Unreadable(str(exc)) from None
+            raise
         out[block.layer] = keep(block, rows, values)
         return None
 
-    with attention_weights(run.model), hooked(modules, on_call):
+    with hooked(modules, on_call):
         run.run()
     return out
 
 
 def block_rows(run: Pass, queries: torch.Tensor, kind: str, blocks: list[int], method: str | None = None
                ) -> dict[int, torch.Tensor]:
-    """Run ``run``'s forward pass (:meth:`Pass.run`, so its captured layers are there after) with eager attention
-    and return ``{block l: rows [B, Q, T] float32}`` at query positions ``queries`` [B, Q] for ``blocks``."""
+    """Run ``run``'s forward pass (:meth:`Pass.run`, so its captured layers are there after) and return
+    ``{block l: rows [B, Q, T] float32}`` at query positions ``queries`` [B, Q] for ``blocks`` (:func:`read_blocks`).
+    ``attention`` reads the value and output projections too where the model has readable ones (its recomputed
+    rows are checked by them), else only the probabilities of an eager pass."""
     method = method or kind
-    read = block_attention(run.model, blocks, method, values=kind == "norm_attention")
+    try:
+        read = block_attention(run.model, blocks, method, values=True)
+    except UnsupportedModelError:
+        if kind == "norm_attention":
+            raise
+        read = block_attention(run.model, blocks, method, values=False)
 
     def keep(block, rows, values):
-        return rows.mean(1).float() if values is None else _norm_rows(rows, values, block)
+        return rows.mean(1).float() if kind == "attention" else _norm_rows(rows, values, block)
 
     return read_blocks(run, queries, read, method, keep)
 

@@ -1,0 +1,184 @@
+"""The attention probabilities a decoder block computes, recomputed at chosen query rows from the block's own queries
+and keys, whatever attention implementation the model runs (sdpa, flash, eager): no [T, T] matrix of every query
+is made, only the rows asked for.
+
+What the probabilities are made of is read from the model, by transformers' conventions:
+
+- the queries and keys: the output of the block's query / key projections (or its fused projection, cut as
+  :mod:`normx.models.decoder_attention` cuts it; a clip applied as the model clips), then its per-head q / k norms
+  where it has them (a norm over ``head_dim`` applied per head, one over the whole projection applied before the
+  heads are cut, by the size of its weight);
+- rotary position embeddings: the ``position_embeddings`` (cos, sin) the attention module receives, applied by the
+  family's own ``apply_rotary_pos_emb`` (from the module's own source file), on the first ``cos.shape[-1]``
+  features of each head where the rotation is partial (GPT-NeoX, Phi, Phi-3);
+- grouped-query heads: query head h reads key-value head ``h // (heads / kv heads)``, as ``repeat_kv`` does;
+- scaling: the module's ``scaling`` (or ``softmax_scale``), else ``head_dim ** -0.5``; a logit soft-cap
+  (``attn_logit_softcapping``: ``cap * tanh(logits / cap)``); attention sinks (a ``sinks`` parameter per head: one
+  more logit in the softmax whose probability goes to no token);
+- the mask: the one the attention module receives (a 4-D boolean mask: True attends; a 4-D float mask: added to
+  the logits), or, where it receives none or a 2-D padding mask (sdpa's causal shortcut, flash attention), causal
+  over the real tokens and within the module's ``sliding_window`` where it has one.
+
+A module that adds a position bias of its own (ALiBi's ``position_bias`` / ``alibi`` arguments) or whose family
+has rotary embeddings this cannot apply is not read (:func:`read_scores` says why). Nothing here is trusted:
+whoever uses the rows checks that the values mixed by them give the attention module's own output at those rows.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from normx.models.decoder_attention import AttentionParts
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+BIAS_ARGUMENTS = ("position_bias", "alibi")  # position biases some families add to the logits inside the module
+
+
+@dataclass
+class BlockScores:
+    """One block's queries and keys as its attention module scores them: ``queries`` [B, H, T, d] and ``keys``
+    [B, kv, T, d] (rotated; float32, float64 for float64 models), and how logits become probabilities."""
+
+    queries: torch.Tensor
+    keys: torch.Tensor
+    scaling: float
+    mask: torch.Tensor | None  # the 4-D mask the module received [B or 1, 1 or H, T, T], or None
+    padding: torch.Tensor  # [B, T] the real tokens
+    window: int | None = None
+    softcap: float | None = None
+    sinks: torch.Tensor | None = None  # [H]
+
+    @property
+    def heads(self) -> int:
+        return self.queries.shape[1]
+
+    def _allowed(self, rows: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        """[B, 1, Q, K] True where query position ``rows`` [B, Q] may attend key position ``keys`` [K]."""
+        allowed = keys[None, None, :] <= rows[..., None]
+        if self.window:
+            allowed &= keys[None, None, :] > rows[..., None] - self.window
+        return (allowed & self.padding[:, None, keys].bool())[:, None]
+
+    def _mask_rows(self, rows: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        """The module's own 4-D mask at ``rows`` [B, Q] and ``keys`` [K] -> [B, 1 or H, Q, K]."""
+        mask = self.mask.expand(rows.shape[0], *self.mask.shape[1:])
+        picked = mask.gather(2, rows[:, None, :, None].expand(-1, mask.shape[1], -1, mask.shape[-1]))
+        return picked[..., keys]
+
+    def probabilities(self, rows: torch.Tensor, keys: torch.Tensor | None = None) -> torch.Tensor:
+        """The probabilities [B, H, Q, K] of query positions ``rows`` [B, Q] over key positions ``keys`` [K] (all
+        of them by default; a subset must hold every key the rows may attend), float32 (float64 for float64
+        models), keys that are padding zeroed."""
+        import torch
+
+        keys = torch.arange(self.keys.shape[2], device=rows.device) if keys is None else keys
+        b, heads = rows.shape[0], self.heads
+        q = self.queries.gather(2, rows[:, None, :, None].expand(b, heads, rows.shape[1], self.queries.shape[-1]))
+        k = self.keys[:, :, keys]
+        group = heads // k.shape[1]
+        k = k.repeat_interleave(group, dim=1) if group > 1 else k
+        logits = torch.matmul(q, k.transpose(-1, -2)) * self.scaling
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        if self.mask is not None and self.mask.dtype != torch.bool:
+            logits = logits + self._mask_rows(rows, keys).to(logits.dtype)
+        allowed = self._allowed(rows, keys)
+        if self.mask is not None and self.mask.dtype == torch.bool:
+            allowed = allowed & self._mask_rows(rows, keys)
+        logits = logits.masked_fill(~allowed, float("-inf"))
+        if self.sinks is not None:
+            sinks = self.sinks.to(logits.dtype).reshape(1, -1, 1, 1).expand(b, -1, rows.shape[1], 1)
+            combined = torch.cat([logits, sinks], -1)
+            return torch.softmax(combined - combined.amax(-1, keepdim=True), -1)[..., :-1]
+        probs = torch.softmax(logits, -1)
+        return torch.nan_to_num(probs, nan=0.0)  # a row with no key allowed (never a real token's)
+
+
+def _float(tensor: torch.Tensor) -> torch.Tensor:
+    import torch
+
+    return tensor if tensor.dtype == torch.float64 else tensor.float()
+
+
+def _normed(norm: nn.Module | None, heads: torch.Tensor) -> torch.Tensor:
+    """The per-head q / k norm on ``heads`` [B, T, H, d]: per head where its weight has ``d`` entries, over the
+    whole projection (before the heads are cut) where it has ``H * d``."""
+    if norm is None:
+        return heads
+    weight = getattr(norm, "weight", None)
+    size = weight.numel() if weight is not None else heads.shape[-1]
+    if size == heads.shape[-1]:
+        return norm(heads)
+    b, t, h, d = heads.shape
+    return norm(heads.reshape(b, t, h * d)).reshape(b, t, h, d)
+
+
+def _rotary_function(module: nn.Module):
+    return getattr(sys.modules.get(type(module).__module__), "apply_rotary_pos_emb", None)
+
+
+def _rotated(module: nn.Module, q: torch.Tensor, k: torch.Tensor, embeddings) -> tuple | str:
+    """q, k [B, H, T, d] rotated by the module's family function with (cos, sin) ``embeddings``, or why not."""
+    import torch
+
+    rotate = _rotary_function(module)
+    if rotate is None:
+        return (f"{type(module).__name__} receives rotary position embeddings, and its source file has no "
+                "apply_rotary_pos_emb to apply them with")
+    if not isinstance(embeddings, (tuple, list)) or len(embeddings) != 2:
+        return f"{type(module).__name__} receives position embeddings that are not a (cos, sin) pair"
+    cos, sin = embeddings
+    width = cos.shape[-1]
+    if width > q.shape[-1]:
+        return f"{type(module).__name__}'s rotary embeddings are wider ({width}) than its heads ({q.shape[-1]})"
+    try:
+        q_rot, k_rot = rotate(q[..., :width], k[..., :width], cos, sin)
+    except (TypeError, RuntimeError) as exc:
+        return (f"{type(module).__name__}'s family applies its rotary embeddings in a way this does not read "
+                f"(apply_rotary_pos_emb(q, k, cos, sin): {str(exc).splitlines()[0]})")
+    return (torch.cat([q_rot, q[..., width:]], -1), torch.cat([k_rot, k[..., width:]], -1))
+
+
+def _number(*values) -> float | None:
+    return next((float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool) and v), None)
+
+
+def read_scores(parts: AttentionParts, projected: dict[str, torch.Tensor], kwargs: dict, padding: torch.Tensor
+                ) -> BlockScores | str:
+    """The block's :class:`BlockScores` from what its attention module received (``kwargs``, its keyword
+    arguments) and its projections' outputs ``projected`` (``"q"`` and ``"k"``, or ``"qkv"`` for a fused
+    projection: :meth:`AttentionParts.query_key_sources`), ``padding`` [B, T] the real tokens; or why not."""
+    import torch
+
+    module = parts.module
+    name = type(module).__name__
+    bias = next((key for key in BIAS_ARGUMENTS if isinstance(kwargs.get(key), torch.Tensor)), None)
+    if bias is not None:
+        return f"{name} adds a position bias of its own ({bias}) to its attention logits"
+    q, k = parts.queries_keys(projected)
+    q, k = _normed(parts.q_norm, q), _normed(parts.k_norm, k)
+    q, k = _float(q).transpose(1, 2), _float(k).transpose(1, 2)  # [B, heads, T, d]
+    if q.shape[1] % max(k.shape[1], 1):
+        return f"{name} has {q.shape[1]} query heads and {k.shape[1]} key heads, which do not divide them"
+    embeddings = kwargs.get("position_embeddings")
+    if embeddings is not None:
+        rotated = _rotated(module, q, k, embeddings)
+        if isinstance(rotated, str):
+            return rotated
+        q, k = rotated
+    config = getattr(module, "config", None)
+    scaling = _number(parts.scaling, getattr(module, "softmax_scale", None)) or q.shape[-1] ** -0.5
+    softcap = _number(getattr(module, "attn_logit_softcapping", None), getattr(config, "attn_logit_softcapping", None))
+    window = getattr(module, "sliding_window", None)
+    sinks = getattr(module, "sinks", None)
+    mask = kwargs.get("attention_mask")
+    mask = mask if isinstance(mask, torch.Tensor) and mask.dim() == 4 else None
+    if mask is not None and mask.shape[-2:] != (q.shape[2], k.shape[2]):
+        return f"{name} received an attention mask of shape {tuple(mask.shape)} for {q.shape[2]} tokens"
+    return BlockScores(q, k, scaling, mask, padding, window if isinstance(window, int) and window > 0 else None,
+                       softcap, _float(sinks.detach()) if isinstance(sinks, torch.Tensor) else None)

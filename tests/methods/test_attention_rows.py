@@ -1,0 +1,137 @@
+"""Attention rows in linear memory (#45): each block's probabilities recomputed at the query rows read, from the
+block's own queries and keys (normx.models.attention_scores), equal the probabilities eager attention returns at those
+rows, in every family the decoder tests cover (rotary, partial rotary, grouped-query heads, q / k norms, clipped
+projections, soft-caps, sliding windows, a padded batch); the methods run on the model's own attention implementation
+(no eager pass) and the memory they take grows with the tokens, not their square."""
+
+from __future__ import annotations
+
+import architectures
+import numpy as np
+import pytest
+import tiny
+import torch
+import transformers
+
+from normx.core.forward import Pass
+from normx.core.hooks import hooked, output_tensor
+from normx.methods.decoder import maps
+from normx.methods.decoder.heads import block_attention
+from normx.models import get_adapter
+from normx.models.attention_scores import read_scores
+
+# (model type, class, config changes): sliding windows shorter than the text, a soft-cap that matters, a clip
+FAMILIES = [
+    ("llama", "LlamaForCausalLM", {}),
+    ("qwen2", "Qwen2ForCausalLM", {"use_sliding_window": True, "sliding_window": 5, "max_window_layers": 0}),
+    ("qwen3", "Qwen3ForCausalLM", {}),
+    ("mistral", "MistralForCausalLM", {"sliding_window": 5}),
+    ("gemma", "GemmaForCausalLM", {}),
+    ("gemma2", "Gemma2ForCausalLM", {"sliding_window": 5, "attn_logit_softcapping": 0.5}),
+    ("gemma3_text", "Gemma3ForCausalLM", {"sliding_window": 5}),
+    ("gpt2", "GPT2LMHeadModel", {}),
+    ("gpt_neox", "GPTNeoXForCausalLM", {}),
+    ("phi3", "Phi3ForCausalLM", {}),
+    ("phi", "PhiForCausalLM", {}),
+    ("olmo", "OlmoForCausalLM", {"clip_qkv": 0.3}),
+    ("olmo2", "Olmo2ForCausalLM", {}),
+]
+IDS = torch.tensor([[5, 17, 90, 33, 41, 8, 120, 77, 64, 12, 300, 9], [7, 250, 31, 16, 44, 99, 21, 3, 0, 0, 0, 0]])
+MASK = (torch.arange(12) < torch.tensor([[12], [8]])).long()
+QUERIES = torch.tensor([[11, 2, 7], [7, 0, 4]])  # each row's last real token, the first, one between
+
+
+def build(model_type: str, name: str, changes: dict, implementation: str | None = None):
+    config = architectures.config(model_type, "causal_lm")
+    for key, value in changes.items():
+        setattr(config, key, value)
+    torch.manual_seed(0)
+    model = getattr(transformers, name)(config).eval()
+    tiny.randomize(model, seed=1)  # weights large enough for peaked attention: a wrong rotation shows
+    if implementation is not None:
+        model.set_attn_implementation(implementation)
+    return model
+
+
+def eager_rows(model) -> list[torch.Tensor]:
+    """Every block's probabilities at QUERIES [B, H, Q, T] from eager attention's output_attentions."""
+    model.set_attn_implementation("eager")
+    with torch.no_grad():
+        out = model(input_ids=IDS, attention_mask=MASK, output_attentions=True)
+    index = QUERIES[:, None, :, None]
+    return [a.gather(2, index.expand(a.shape[0], a.shape[1], -1, a.shape[-1])) * MASK[:, None, None] for a in
+            out.attentions]
+
+
+@pytest.mark.parametrize(("model_type", "name", "changes"), FAMILIES, ids=[f[1] for f in FAMILIES])
+def test_recomputed_rows_equal_eager_attention(model_type, name, changes):
+    """read_scores on what each attention module received under eager attention (its float mask) gives the
+    probabilities the module returned, at the rows read."""
+    model = build(model_type, name, changes)
+    want = eager_rows(model)
+    adapter = get_adapter(model)
+    blocks = adapter.block_modules(model)
+    parts = [adapter.attention_parts(model, block) for block in blocks]
+    seen, got = {}, []
+    modules = {}
+    for i, p in enumerate(parts):
+        modules[f"{i}.attention"] = p.module
+        modules |= {f"{i}.qk.{role}": m for role, m in p.query_key_sources().items()}
+
+    def on_call(key, _args, kwargs, output):
+        i, part, *role = key.split(".")
+        if part == "qk":
+            seen[role[0]] = output_tensor(output)
+            return
+        scores = read_scores(parts[int(i)], dict(seen), kwargs, MASK)
+        assert not isinstance(scores, str), scores
+        got.append(scores.probabilities(QUERIES) * MASK[:, None, None])
+
+    with torch.no_grad(), hooked(modules, on_call):
+        model(input_ids=IDS, attention_mask=MASK)
+    assert len(got) == len(want) == len(blocks)
+    for mine, theirs in zip(got, want):
+        np.testing.assert_allclose(mine.numpy(), theirs.float().numpy(), rtol=1e-5, atol=1e-6)
+
+
+SDPA = [family for family in FAMILIES if family[1] not in ("Gemma2ForCausalLM",)]  # Gemma 2 has no sdpa (soft-cap)
+
+
+@pytest.mark.parametrize(("model_type", "name", "changes"), SDPA, ids=[f[1] for f in SDPA])
+def test_methods_read_the_rows_on_the_models_own_attention(model_type, name, changes, monkeypatch):
+    """read_blocks on a model running sdpa (its own default) recomputes the rows with no eager pass: they equal
+    eager attention's, and norm_attention's check against the module's output passed at every block."""
+    model = build(model_type, name, changes)
+    want = eager_rows(build(model_type, name, changes))
+    assert model.config._attn_implementation == "sdpa"
+
+    def no_eager(_model):
+        raise AssertionError("an eager-attention pass ran")
+
+    monkeypatch.setattr(maps, "attention_weights", no_eager)
+    blocks = list(range(1, len(want) + 1))
+    read = block_attention(model, blocks, "norm_attention", values=True)
+    run = Pass(model, get_adapter(model), {"input_ids": IDS, "attention_mask": MASK}, [len(blocks)]).locate()
+    with torch.no_grad():
+        rows = maps.read_blocks(run, QUERIES, read, "norm_attention", lambda _b, r, _v: r)
+    for layer in blocks:  # (the two passes' hidden states differ by float rounding: sdpa against eager)
+        np.testing.assert_allclose(rows[layer].numpy(), want[layer - 1].float().numpy(), rtol=1e-4, atol=2e-5)
+    assert model.config._attn_implementation == "sdpa"
+
+
+def test_a_position_bias_is_read_from_the_modules_own_probabilities(monkeypatch):
+    """MPT adds ALiBi inside its module and always returns its probabilities: those are read (no eager pass)."""
+    model = build("mpt", "MptForCausalLM", {})
+    adapter = get_adapter(model)
+    parts = adapter.attention_parts(model, adapter.block_modules(model)[0])
+    reason = read_scores(parts, {"qkv": torch.zeros(1, 3, 3 * 64)}, {"position_bias": torch.zeros(4, 1, 3)},
+                         torch.ones(1, 3))
+    assert isinstance(reason, str) and "position bias of its own (position_bias)" in reason
+    monkeypatch.setattr(maps, "attention_weights", lambda _m: (_ for _ in ()).throw(AssertionError("eager")))
+    want = eager_rows(build("mpt", "MptForCausalLM", {}))
+    read = block_attention(model, [1, 2], "norm_attention", values=True)
+    run = Pass(model, adapter, {"input_ids": IDS, "attention_mask": MASK}, [2]).locate()
+    with torch.no_grad():
+        rows = maps.read_blocks(run, QUERIES, read, "norm_attention", lambda _b, r, _v: r)
+    for layer in (1, 2):
+        np.testing.assert_allclose(rows[layer].numpy(), want[layer - 1].numpy(), rtol=1e-5, atol=1e-6)
