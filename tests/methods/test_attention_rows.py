@@ -15,7 +15,7 @@ import transformers
 
 from normx.core.forward import Pass
 from normx.core.hooks import hooked, output_tensor
-from normx.methods.decoder import maps
+from normx.methods.decoder import head_rows, maps, query_rows
 from normx.methods.decoder.heads import block_attention
 from normx.models import get_adapter
 from normx.models.attention_scores import read_scores
@@ -135,3 +135,19 @@ def test_a_position_bias_is_read_from_the_modules_own_probabilities(monkeypatch)
         rows = maps.read_blocks(run, QUERIES, read, "norm_attention", lambda _b, r, _v: r)
     for layer in (1, 2):
         np.testing.assert_allclose(rows[layer].numpy(), want[layer - 1].numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_head_rows_are_every_heads_probabilities_at_the_rows():
+    """head_rows (the public per-head reading): [B, Q, layers, heads, T], eager's probabilities per head, and their
+    mean over heads is the attention method's row."""
+    model = build("llama", "LlamaForCausalLM", {})
+    want = eager_rows(build("llama", "LlamaForCausalLM", {}))
+    run = Pass(model, get_adapter(model), {"input_ids": IDS, "attention_mask": MASK}, [1, 2]).locate()
+    with torch.no_grad():
+        got = head_rows(run, QUERIES, [1, 2])
+        mean = query_rows(run, QUERIES, "attention", aggregate=False)
+    assert got.shape == (2, 3, 2, model.config.num_attention_heads, 12)
+    for where in (0, 1):
+        np.testing.assert_allclose(got[:, :, where].transpose(1, 2).numpy(), want[where].numpy(), rtol=1e-4,
+                                   atol=2e-5)
+    np.testing.assert_allclose(got.mean(3).numpy(), mean.numpy(), rtol=1e-5, atol=1e-7)

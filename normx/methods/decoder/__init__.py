@@ -9,6 +9,6 @@ token, :mod:`~normx.methods.decoder.decompose` and :mod:`~normx.methods.decoder.
 ``decompx`` name by :mod:`normx.methods.decompx.method`)."""
 
 from normx.methods.decoder import alti_logit, logit, lrp, method  # noqa: F401 (registers the methods)
-from normx.methods.decoder.maps import block_rows, query_rows, read_blocks
+from normx.methods.decoder.maps import block_rows, head_rows, query_rows, read_blocks
 
-__all__ = ["block_rows", "query_rows", "read_blocks"]
+__all__ = ["block_rows", "head_rows", "query_rows", "read_blocks"]

@@ -1,7 +1,8 @@
 """Attention and norm-based attention rows of a decoder: for query positions q, a score for every key j, per block,
-from ONE forward pass of the model with eager attention.
+from ONE forward pass of the model on its own attention implementation (sdpa, flash or eager).
 
-For block l with heads h, attention probabilities alpha^(l,h) (the model's own, captured from its attention module)
+For block l with heads h, attention probabilities alpha^(l,h) (the model's own: recomputed at the query rows from the
+block's own queries and keys, :mod:`normx.models.attention_scores`, or returned by a module that returns them)
 and value vectors v_j^(l,h) (captured from its value projection; key-value heads repeated as the model does for
 grouped-query attention, ``num_attention_heads / num_key_value_heads`` query heads per key-value head):
 
@@ -12,7 +13,8 @@ grouped-query attention, ``num_attention_heads / num_key_value_heads`` query hea
   Gram matrix G_j[h, k] = <f^h(x_j), f^k(x_j)> in float64: no [Q, T, hidden] tensor, exact to float rounding.
 
 Each block's rows are made inside its attention module's forward hook, at the asked query rows only, so a pass keeps
-[B, Q, T] per block, never the [B, heads, T, T] probabilities of every block. Keys that are padding get zero (a
+[B, Q, T] per block and never makes a [B, heads, T, T] matrix: memory grows with T, not T^2 (:func:`head_rows` gives
+every head's rows, [B, Q, layers, heads, T]). Keys that are padding get zero (a
 right-padded causal row never reaches them; they are masked anyway). Checks on every pass, at the rows read: each
 head's probabilities sum to one over the keys, and (``norm_attention``) the value vectors mixed by them and pushed
 through the output projection give the attention module's own output; a model that fails either is refused
@@ -250,6 +252,22 @@ def block_rows(run: Pass, queries: torch.Tensor, kind: str, blocks: list[int], m
         return rows.mean(1).float() if kind == "attention" else _norm_rows(rows, values, block)
 
     return read_blocks(run, queries, read, method, keep)
+
+
+def head_rows(run: Pass, queries: torch.Tensor, layers: list[int], method: str = "attention") -> torch.Tensor:
+    """Every head's attention probabilities [B, Q, len(layers), heads, T] float32 at query positions ``queries``
+    [B, Q] for blocks ``layers`` (1-based), from one forward pass on the model's own attention implementation
+    (:func:`read_blocks`: recomputed at those rows only, checked against each module's output; memory linear in
+    T). Grouped-query heads are the query heads (each reads its key-value head); padding keys are zero."""
+    reason = decoder_reason(run.adapter)
+    if reason is not None:
+        raise UnsupportedModelError(f"{method} does not explain {type(run.model).__name__}: {reason}")
+    try:
+        read = block_attention(run.model, layers, method, values=True)
+    except UnsupportedModelError:
+        read = block_attention(run.model, layers, method, values=False)
+    rows = read_blocks(run, queries, read, method, lambda _block, rows, _values: rows.float())
+    return torch.stack([rows[layer].transpose(1, 2) for layer in layers], dim=2)
 
 
 def query_rows(run: Pass, queries: torch.Tensor, kind: str, aggregate: bool, method: str | None = None
