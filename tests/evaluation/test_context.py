@@ -88,7 +88,8 @@ def test_the_report_table_means_and_costs():
     summary = ContextReport(["a"], records, {"masks": 4}).summary()["a"]
     assert summary["lds"][0] == pytest.approx(0.6) and summary["lds"][1] == pytest.approx(0.1)
     assert summary["cost"][0] == pytest.approx(3.0) and summary["evidence@1"][0] == 0.5
-    assert "| a | 0.600 ± 0.100 | 2.000 ± 1.000 |" in ContextReport(["a"], records, {}).table()
+    assert "| a | 0.600 ± 0.100 | 2.000 ± 1.000 | 2.000 ± 0.000 | 0.50 | 1.00 | 3.0 | 2 |" in \
+        ContextReport(["a"], records, {}).table()
 
 
 def test_labels():

@@ -41,10 +41,11 @@ class ContextReport:
         return out
 
     def table(self) -> str:
-        """Readings × LDS / top-k drops (of the response's log-probability) / evidence recall / cost: mean ± s.e."""
+        """Readings × LDS / top-k drops (of the response's log-probability) / evidence recall / cost: mean ± s.e.
+        over the contexts that reading was measured on (the last column)."""
         summary = self.summary()
-        lines = ["| reading | " + " | ".join(title for _, title in COLUMNS) + " |",
-                 "|---" * (len(COLUMNS) + 1) + "|"]
+        lines = ["| reading | " + " | ".join(title for _, title in COLUMNS) + " | contexts |",
+                 "|---" * (len(COLUMNS) + 2) + "|"]
         for name in self.readings:
             cells = []
             for measure, _ in COLUMNS:
@@ -57,7 +58,7 @@ class ContextReport:
                     cells.append(f"{mean:.2f}")
                 else:
                     cells.append(f"{mean:.3f} ± {error:.3f}" if not math.isnan(error) else f"{mean:.3f}")
-            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+            lines.append(f"| {name} | " + " | ".join(cells) + f" | {summary[name]['contexts']} |")
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
@@ -70,8 +71,8 @@ class ContextReport:
         folder.mkdir(parents=True, exist_ok=True)
         report, table = folder / "report.json", folder / "table.md"
         _write_whole(report, json.dumps(self.to_dict(), ensure_ascii=False, indent=1))
-        note = (f"\n\n{len(self.records)} contexts; LDS over {self.settings.get('masks')} held-out random masks; "
-                "drops in the response's log-probability (nats); cost: wall time over one plain forward pass.\n")
+        note = (f"\n\n{len(self.records)} contexts in all; LDS over {self.settings.get('masks')} held-out random "
+                "masks; drops in the response's log-probability (nats); cost: wall time over one plain forward pass.\n")
         command = self.settings.get("command")
         _write_whole(table, self.table() + note + (f"\n`{command}`\n" if command else ""))
         return [report, table]

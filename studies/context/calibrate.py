@@ -1,0 +1,101 @@
+"""The calibrated context method on SmolLM2 (#46 part 3): fit on training contexts, chosen there, reported on
+disjoint held-out contexts beside ContextCite-32, leave-one-out, attention, norm_attention, random and position,
+all scored by normx.evaluation.context's one code path.
+
+    OMP_NUM_THREADS=1 python -m studies.context.calibrate --out /tmp/calib --train 64 --heldout 16
+
+Writes into ``--out``: ``train/`` (each training context's features and outcomes, reused by a rerun),
+``weights.json`` (the fitted weights, with the cross-validation table in ``choice.json``), ``heldout/``
+(``evaluate_context``'s records, ``report.json``, ``table.md``) and ``summary.md``. ``--ship`` also writes the
+weights where the smollm2 preset ships them (normx/zoo/presets_data/smollm2/calibrated.json) and ``--store`` into
+normx's cache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from studies.settings import add_data_option, data_folder, provenance
+
+HELD_OUT = ("calibrated_attention", "contextcite@32", "leave_one_out", "attention", "norm_attention", "random",
+            "position")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True, help="the study's folder")
+    add_data_option(parser)
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--kinds", default="qa,claim")
+    parser.add_argument("--train", type=int, default=64, help="training contexts in all")
+    parser.add_argument("--heldout", type=int, default=16, help="held-out contexts in all")
+    parser.add_argument("--length", type=int, default=300)
+    parser.add_argument("--masks", type=int, default=32, help="training masks per context")
+    parser.add_argument("--lds-masks", type=int, default=32, help="held-out LDS masks per context")
+    parser.add_argument("--families", default="attention,norm,logit")
+    parser.add_argument("--methods", default=",".join(HELD_OUT), help="the held-out readings")
+    parser.add_argument("--ship", action="store_true", help="write the smollm2 preset's shipped weights")
+    parser.add_argument("--store", action="store_true", help="store the weights in normx's cache")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    import normx
+    from normx.cli.calibrate import training_contexts
+    from normx.data.contexts import context_examples
+    from normx.evaluation.context import evaluate_context
+    from normx.methods.calibrated import training
+    from normx.methods.calibrated import weights as stored
+
+    torch.set_num_threads(1)
+    data = data_folder(args.data)
+    kinds = args.kinds.split(",")
+    families = args.families.split(",")
+    model, tokenizer = normx.load_model(args.model)
+    started = time.perf_counter()
+    examples = context_examples(kinds, "train", args.length, args.train, 0, data)
+    contexts = training_contexts(model, tokenizer, examples)
+    instances = training.instances_for(model, tokenizer, contexts, masks=args.masks, families=families,
+                                       keep=args.out / "train")
+    described = {"data": "normx.data.contexts", "split": "train", "kinds": kinds, "length": args.length, "seed": 0,
+                 "max_new_tokens": 12, "ids": [c["id"] for c in contexts],
+                 "command": "python -m studies.context.calibrate " + " ".join(argv or sys.argv[1:])}
+    record, choice = training.fitted_record(model, instances, families, training=described)
+    train_seconds = time.perf_counter() - started
+    stored.write(record, args.out / "weights.json")
+    (args.out / "choice.json").write_text(json.dumps({"families": choice.families, "lambda": choice.lam,
+                                                      "scaling": choice.scaling, "cv_lds": choice.cv_lds,
+                                                      "table": choice.table, "seconds": train_seconds}, indent=1))
+    print(f"chosen on {len(instances)} training contexts: {'+'.join(choice.families)}, lambda {choice.lam:g}, "
+          f"{choice.scaling}; cross-validated LDS {choice.cv_lds:.3f} ({train_seconds:.0f} s)", flush=True)
+    for row in sorted(choice.table, key=lambda r: -r["cv_lds"])[:8]:
+        print(f"  {'+'.join(row['families']):<24} lambda {row['lambda']:<8g} {row['scaling']:<8} "
+              f"{row['cv_lds']:.3f}", flush=True)
+    if args.ship:
+        stored.write(record, stored.SHIPPED / "smollm2" / stored.FILE)
+    if args.store:
+        stored.store(record)
+
+    heldout = context_examples(kinds, "heldout", args.length, args.heldout, 0, data)
+    methods = [m for m in args.methods.split(",") if m]
+    options = {"calibrated_attention": {"method": "calibrated_attention", "weights": str(args.out / "weights.json")}}
+    report = evaluate_context(model, tokenizer, heldout, methods, method_options=options, masks=args.lds_masks,
+                              out=args.out / "heldout",
+                              settings={"model": args.model, "length": args.length, "kinds": kinds,
+                                        "provenance": provenance()})
+    report.settings["command"] = described["command"]
+    report.write(args.out / "heldout")
+    table = report.table()
+    print(table, flush=True)
+    (args.out / "summary.md").write_text(
+        f"training: {len(instances)} contexts x {args.masks} masks; chosen {'+'.join(choice.families)}, lambda "
+        f"{choice.lam:g}, {choice.scaling}, cross-validated LDS {choice.cv_lds:.3f}\n\nheld out:\n\n{table}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
