@@ -3,15 +3,16 @@
 In a causal LM the hidden state at position i depends only on the tokens at positions <= i. So one forward pass over
 the prompt and its continuation holds every generation step: the head on every position, read at each generated
 token's vocabulary column and kept at the positions before that token, is what the step's own pass on its prefix
-would give. The head-on-top methods (NormXLogit, LogAt, l2 and the variants: ``Method.per_position``) and the
-recency baseline take that one pass for all steps, batched over prompts; so do the decoder attention maps
-(``Method.query_rows``: attention, norm-based attention), whose row for the prediction at position q is final once q
-has run, so step t reads row q = p - 1 of the one pass (p: the generated token's index) over the keys before p. The
-others (the gradient methods, which differentiate the prediction; the random baselines) take one pass (and backward
-pass) per step on its prefix, the steps batched as rows. Methods with a response-level computation run once for
-the whole response (:mod:`normx.explanations.generation_response`: the ablations always, the gradient methods with
-``scope="response"``). Everything is computed from the ids the model produced,
-never from re-encoded text.
+would give. The head-on-top methods (NormXLogit, LogAt, l2 and the variants: ``Method.per_position``) take that
+one pass for all steps, batched over prompts; so do the decoder attention maps (``Method.query_rows``: attention,
+norm-based attention), whose row for the prediction at position q is final once q has run, so step t reads row
+q = p - 1 of the one pass (p: the generated token's index) over the keys before p. The gradient methods and AttnLRP
+(``Method.steps``) take one forward pass over each sequence and one backward pass per batch of steps; the baselines
+that read no model (``Method.model_free``: random, recency) no pass at all; the rest one pass (and backward pass)
+per step on its prefix (:mod:`normx.explanations.generation_steps`). Methods with a response-level computation run
+once for the whole response (:mod:`normx.explanations.generation_response`: the ablations always, the gradient
+methods with ``scope="response"``). Everything is computed from the ids the model produced, never from re-encoded
+text.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from normx.errors import EmptyTextError, InputTooLongError, InvalidInputError, U
 from normx.explanations.explain import Plan, attribute_batch, model_settings, prepare
 from normx.explanations.generation_response import at_response_level, response_level
 from normx.explanations.generation_result import Generation, Generations
+from normx.explanations.generation_steps import from_one_pass, model_free, per_prefix
 from normx.methods import Context
 from normx.models import HeadKind
 
@@ -143,12 +145,20 @@ def _explained(plan: Plan, tokenizer, sequences: list[tuple[str, list[int], list
     the ``request``'s layer, chat, max_new_tokens, teacher_forcing and gen_args in the settings."""
     items = [_encoded(tokenizer, ids + new) for _, ids, new in sequences]
     lengths = [len(ids) for _, ids, _ in sequences]
+    prompts = [prompt for prompt, _, _ in sequences]
+    method = plan.method
     if at_response_level(plan, request["scope"]):
         scores, probabilities, predictions, shown, diagnostics, added = response_level(
-            plan, tokenizer, [prompt for prompt, _, _ in sequences], items, lengths, batch_size)
+            plan, tokenizer, prompts, items, lengths, batch_size)
     else:
-        compute = _one_pass if plan.method.per_position or plan.method.query_rows is not None else _per_step
-        scores, probabilities, predictions, shown, diagnostics = compute(plan, tokenizer, items, lengths, batch_size)
+        if method.model_free:
+            found = model_free(plan, tokenizer, items, lengths, batch_size)
+        elif method.steps is not None:
+            found = from_one_pass(plan, tokenizer, prompts, items, lengths, batch_size)
+        else:
+            compute = _one_pass if method.per_position or method.query_rows is not None else per_prefix
+            found = compute(plan, tokenizer, items, lengths, batch_size)
+        scores, probabilities, predictions, shown, diagnostics = found
         added = [{}] * len(items)
     settings = {"method": plan.method.name, "layer": request["layer"], "chat": request["chat"],
                 "max_new_tokens": request["max_new_tokens"], "reading": plan.method.reading_for(plan.options),
@@ -306,45 +316,6 @@ def _all_steps(plan: Plan, inputs: dict, columns: torch.Tensor, queries: torch.T
     if not run.hidden:
         raise RuntimeError(f"method {method.name!r} has query_rows but did not run its forward pass on ctx.run")
     return every, run, dict(ctx.diagnostics)
-
-
-def _per_step(plan: Plan, tokenizer, items: list[Encoded], lengths: list[int], batch_size: int):
-    """One pass (and backward pass) per generated token, on its prefix, the prefixes batched as rows."""
-    prefixes = [(i, p) for i, (item, length) in enumerate(zip(items, lengths)) for p in range(length, len(item.ids))]
-    found = {}
-    batch_size = plan.handle.rows_per_pass(batch_size)
-    for start in range(0, len(prefixes), batch_size):
-        chunk = prefixes[start:start + batch_size]
-        encoded = [_prefix(items[i], p) for i, p in chunk]
-        (_, inputs), = batches(encoded, len(encoded), tokenizer, plan.handle.device)
-        columns = torch.tensor([[items[i].ids[p]] for i, p in chunk], device=inputs["input_ids"].device)
-        out = attribute_batch(plan, inputs, columns)
-        mask = inputs["attention_mask"].bool().cpu().numpy()
-        probs = torch.softmax(out.logits, -1).gather(1, columns)[:, 0].cpu().numpy()
-        top = out.logits.argmax(-1).tolist()
-        for r, (i, p) in enumerate(chunk):
-            found[i, p] = (out.scores[r, 0][:, np.flatnonzero(mask[r])].cpu().numpy(), probs[r], top[r],
-                           plan.labels.prediction(out.logits[r], [items[i].ids[p]])[1],
-                           {name: float(value[r, 0]) for name, value in out.diagnostics.items()})
-    scores, probabilities, predictions, shown, diagnostics = [], [], [], [], []
-    for i, (item, length) in enumerate(zip(items, lengths)):
-        steps = range(length, len(item.ids))
-        matrix = np.full((len(plan.layers), len(steps), len(item.ids)), np.nan, np.float32)
-        for t, p in enumerate(steps):
-            matrix[:, t, :p] = found[i, p][0]
-        scores.append(matrix)
-        probabilities.append(np.array([found[i, p][1] for p in steps], np.float32))
-        predictions.append([found[i, p][2] for p in steps])
-        shown.append([found[i, p][3] for p in steps])
-        names = found[i, steps[0]][4] if len(steps) else {}
-        diagnostics.append({name: [found[i, p][4][name] for p in steps] for name in names})
-    return scores, probabilities, predictions, shown, diagnostics
-
-
-def _prefix(item: Encoded, p: int) -> Encoded:
-    return Encoded(text=item.text[:item.offsets[p - 1][1]], text_pair=None, ids=item.ids[:p],
-                   tokens=item.tokens[:p], offsets=item.offsets[:p], segments=item.segments[:p],
-                   special=item.special[:p])
 
 
 def _padded(ids: list[int], width: int) -> list[int]:

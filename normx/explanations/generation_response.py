@@ -35,9 +35,13 @@ def at_response_level(plan, scope: str | None) -> bool:
     return scope == "response"
 
 
-def response_level(plan, tokenizer, prompts: list[str], items: list[Encoded], lengths: list[int], batch_size: int):
-    """Each sequence's rows from the method's response computation: (scores, probabilities, predictions, shown
-    alternatives, diagnostics, settings added per sequence), as explain_generation's other two ways."""
+def response_level(plan, tokenizer, prompts: list[str], items: list[Encoded], lengths: list[int], batch_size: int,
+                   steps: bool = False):
+    """Each sequence's rows from the method's response computation (``steps``: its per-step computation from one
+    forward pass, ``Method.steps``, whose rows are the steps' own): (scores, probabilities, predictions, shown
+    alternatives, diagnostics, settings added per sequence), as explain_generation's other ways."""
+    compute = plan.method.steps if steps else plan.method.response
+    scope = {} if steps else {"scope": "response"}
     scores, probabilities, predictions, shown, diagnostics, added = [], [], [], [], [], []
     for prompt, item, length in zip(prompts, items, lengths):
         n = len(item.ids) - length
@@ -47,10 +51,10 @@ def response_level(plan, tokenizer, prompts: list[str], items: list[Encoded], le
             predictions.append([])
             shown.append([])
             diagnostics.append({})
-            added.append({"scope": "response"})
+            added.append(dict(scope))
             continue
         ctx = ResponseContext(plan.handle, tokenizer, prompt, item, length, dict(plan.options), batch_size)
-        out = plan.method.response(ctx)
+        out = compute(ctx)
         matrix = np.asarray(out.rows, np.float32).copy()
         if matrix.shape != (n, len(item.ids)):
             raise RuntimeError(f"method {plan.method.name!r} gave response rows of shape {matrix.shape}, expected "

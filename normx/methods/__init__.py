@@ -14,12 +14,14 @@ Layer 3: imports ``normx.core`` and ``normx.models``; ``normx.explanations`` run
 from normx.methods import (  # noqa: F401 (registration)
     ablation,
     baselines,
+    calibrated,
     decoder,
     decompx,
     gradients,
     headontop,
     mixing,
     response_scope,  # imports the methods it extends, then registers them again with their response computation
+    step_scope,  # likewise, with their one-forward-pass computation of every generation step
     variants,
 )
 from normx.methods.registry import (

@@ -60,20 +60,21 @@ register_method(Method(
     "random_types", _random_types,
     "Random baseline per token type: every occurrence of a vocabulary id in a text (or pair) gets the same seeded "
     "uniform score; on sentence pairs it removes shared words from both sentences at once",
-    display="Random (per type)", label_dependent=False, layered=False, reading="magnitude",
+    display="Random (per type)", label_dependent=False, layered=False, reading="magnitude", model_free=True,
     options=[Option("seed", 0, "the seed", int)]))
 register_method(Method(
     "random", _random, "Random baseline: uniform [0, 1) scores, seeded by (seed, text); label-independent",
-    display="Random", label_dependent=False, layered=False, reading="magnitude",
+    display="Random", label_dependent=False, layered=False, reading="magnitude", model_free=True,
     options=[Option("seed", 0, "the seed", int)]))
 register_method(Method(
     "recency", _recency,
     "Recency baseline: the score of token j is its position j (0 for the first token), so later tokens rank first; "
     "model-free, label-independent; in a causal LM one pass holds every generation step",
-    display="Recency", label_dependent=False, layered=False, reading="magnitude", per_position=True))
+    display="Recency", label_dependent=False, layered=False, reading="magnitude", per_position=True,
+    model_free=True))
 register_method(Method(
     "recency_first", _recency_first,
     "Experimental (docs/generation.md): recency with the first token first (it ranks above all others, then later "
     "tokens first); model-free, label-independent",
     display="Recency + first", label_dependent=False, layered=False, reading="magnitude", per_position=True,
-    experimental=True))
+    experimental=True, model_free=True))

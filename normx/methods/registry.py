@@ -151,6 +151,13 @@ class Method:
     # ``list_methods(response_only=True)``
     response: Callable[[ResponseContext], ResponseRows] | None = None
     response_only: bool = False
+    # every generation step of one sequence from ONE forward pass over it (normx.methods.step_gradients: the
+    # gradient methods and AttnLRP, one backward pass per step or batch of steps): explain_generation's per-step
+    # computation for the method, same context and rows as ``response`` (rows[t] is step t's own row)
+    steps: Callable[[ResponseContext], ResponseRows] | None = None
+    # its scores read only the token ids and the attention mask (ctx.run.inputs) and ctx.columns, never the model
+    # (random, recency): explain_generation runs no forward pass for it
+    model_free: bool = False
     # how its scores read, which decides how every view draws them (normx.explanations.display): "signed" (the sign
     # says toward / away from the label, 0 is no effect), "relative" (a logit-like score whose zero is arbitrary:
     # compare tokens, not signs) or "magnitude" (unsigned amounts); or a function of the options that decide it

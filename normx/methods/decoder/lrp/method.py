@@ -41,18 +41,20 @@ def supports(adapter) -> str | None:
     return None
 
 
-def _check_model(run) -> None:
-    reason = supports(run.adapter)
-    cap = logit_softcap(run.model.config)  # a nonlinearity on the logits which no rule covers
+def check_model(model, adapter) -> None:
+    """:class:`UnsupportedModelError` for a model AttnLRP cannot explain: its family (:func:`supports`) or a soft
+    cap on its logits."""
+    reason = supports(adapter)
+    cap = logit_softcap(model.config)  # a nonlinearity on the logits which no rule covers
     if cap is not None and reason is None:
         reason = f"its logits go through a soft cap (tanh(z / {cap:g}) * {cap:g}), which no AttnLRP rule covers"
     if reason is not None:
-        raise UnsupportedModelError(f"{NAME} does not explain {type(run.model).__name__}: {reason}")
+        raise UnsupportedModelError(f"{NAME} does not explain {type(model).__name__}: {reason}")
 
 
 def _attnlrp(ctx: Context) -> torch.Tensor:
     run = ctx.run
-    _check_model(run)
+    check_model(run.model, run.adapter)
     model, adapter, inputs = run.model, run.adapter, run.inputs
     embeds = word_embeddings(model, adapter, inputs["input_ids"])
     others = {k: v for k, v in inputs.items() if k != "input_ids"}
