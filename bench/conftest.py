@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+from generation_options import add_generation_options, generation_settings, parametrize_generation
 from workloads import LENGTHS, METHODS, MODELS, applies
 
 # The grid of a timed run. "full": every model x method x length x batch. "default": the full grid on GPU; on CPU
@@ -90,6 +91,7 @@ def pytest_addoption(parser):
                     help="GPU: budget = this fraction of the device memory (e.g. 0.6 on an 80 GB card ~ 48 GB)")
     group.addoption("--max-batch-cap", type=int,
                     help=f"largest batch the search tries (default {CPU_CAP} on CPU, {GPU_CAP} on GPU)")
+    add_generation_options(group)
 
 
 def _env_float(name: str) -> float | None:
@@ -143,6 +145,12 @@ def bench_settings(request) -> Settings:
     return settings(request.config)
 
 
+@pytest.fixture(scope="session")
+def gen_settings(request):
+    """The generation benchmark's settings (bench/generation_options.py)."""
+    return generation_settings(request.config, benchmarks_enabled(request.config))
+
+
 def _grid(config, kind: str) -> list[Case]:
     """The cases of one test (kind: speed, end_to_end or max_batch)."""
     device = config.getoption("bench_device") or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -194,6 +202,7 @@ _MAX_BATCH_CASES: list[Case] = []
 
 
 def pytest_generate_tests(metafunc):
+    parametrize_generation(metafunc, benchmarks_enabled(metafunc.config))
     for name, kind in (("speed_case", "speed"), ("end_to_end_case", "end_to_end"), ("max_batch_case", "max_batch")):
         if name in metafunc.fixturenames:
             cases = _grid(metafunc.config, kind)
