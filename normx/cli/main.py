@@ -96,6 +96,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     else:
         sub.add_parser("evaluate", help="evaluate explanations: faithfulness, blimp")
     from normx.cli.cache import add_parser as add_cache
+    from normx.cli.calibrate import add_parser as add_calibrate
     from normx.cli.cite import add_parser as add_cite
     from normx.cli.generate import add_parser as add_generate
     from normx.cli.space import add_parser as add_space
@@ -103,6 +104,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
     add_generate(sub, heavy("generate"))
     add_cite(sub, heavy("cite"))
+    add_calibrate(sub, heavy("calibrate"))
     add_space(sub)
     add_cache(sub)
     add_supported(sub)
@@ -154,7 +156,8 @@ def _run(args) -> int:
         for name, description in responses.items():
             print(f"{name:<20} {description}")
         return 0
-    if args.command in ("evaluate", "generate", "cite", "space", "supported", "cache"):  # with a module of their own
+    # with a module of their own
+    if args.command in ("evaluate", "generate", "cite", "calibrate", "space", "supported", "cache"):
         return importlib.import_module(f"normx.cli.{args.command}").run(args)
     if args.command == "models":
         return _models(args)

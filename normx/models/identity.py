@@ -79,5 +79,7 @@ def _update(digest, name: str, param) -> None:
         return
     flat = param.detach().reshape(-1)
     if flat.numel() > SAMPLE:
-        flat = flat[torch.linspace(0, flat.numel() - 1, SAMPLE, device=flat.device).long()]
+        # float32 linspace can round the last index up to numel (49152 x 576 = 28311552): clamped, so the sampled
+        # indices of every tensor that fingerprinted before stay the same
+        flat = flat[torch.linspace(0, flat.numel() - 1, SAMPLE, device=flat.device).long().clamp_(max=flat.numel() - 1)]
     digest.update(flat.float().cpu().numpy().tobytes())

@@ -1,0 +1,121 @@
+"""The one-pass per-head readings a calibrated context method weighs: for every response token y_t, read at the
+position that predicts it (q_t = prompt_length - 1 + t), one number per block l, head h and key token i, from ONE
+forward pass with eager attention (:func:`normx.methods.decoder.maps.read_blocks`):
+
+- ``attention``: alpha^(l,h)_(q_t,i), the head's attention probability (AT2's feature; grouped-query heads as the
+  model repeats them);
+- ``norm``: alpha^(l,h)_(q_t,i) * ||W_O^h v_i^(l,h)||, the same weight times the size of what head h moves from
+  token i (Kobayashi's norm-based attention, per head);
+- ``logit``: alpha^(l,h)_(q_t,i) * <W_O^h v_i^(l,h), g_t>, what head h moves from token i read by the gradient g_t
+  of log p(y_t | y_<t) at q_t's last hidden state, through the model's final norm and head (a signed direct effect
+  on the token's log-probability, in nats to first order).
+
+:func:`head_readings` hands each block's [families, heads, steps, tokens] block to a ``reduce`` callback inside the
+pass (so a pass keeps what ``reduce`` returns, not every block's readings): the calibrated method contracts it with
+its weights, the calibration sums it over the steps.
+
+Layer 3 (methods): imports ``normx.core``, ``normx.models`` and the decoder readings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from normx._torch import torch
+from normx.core.forward import Pass
+from normx.errors import InvalidInputError, UnsupportedModelError
+from normx.methods.decoder.heads import block_attention, decoder_reason
+from normx.methods.decoder.maps import read_blocks
+from normx.methods.response import response_positions
+
+FAMILIES = ("attention", "norm", "logit")
+
+
+def check_families(families: Sequence[str]) -> tuple[str, ...]:
+    families = tuple(families)
+    bad = [f for f in families if f not in FAMILIES]
+    if not families or bad or len(set(families)) != len(families):
+        raise InvalidInputError(f"feature families {families!r} are not allowed; use one or more of {FAMILIES}, "
+                                "each once")
+    return tuple(f for f in FAMILIES if f in families)  # one order everywhere
+
+
+def shape(model, adapter) -> tuple[int, int]:
+    """(blocks, query heads) of a decoder: the shape of one family's weights."""
+    config = getattr(model, "config", None)
+    heads = getattr(config, "num_attention_heads", None) or getattr(config, "n_head", None)
+    if not isinstance(heads, int):
+        raise UnsupportedModelError(f"{type(model).__name__}'s config gives no number of attention heads")
+    return adapter.num_layers(model), heads
+
+
+def head_readings(handle, ids: Sequence[int], prompt_length: int, families: Sequence[str],
+                  reduce: Callable[[int, torch.Tensor], Any], method: str) -> tuple[dict[int, Any], torch.Tensor]:
+    """One forward pass over ``ids`` (a prompt of ``prompt_length`` tokens, then the response): ``({block l:
+    reduce(l, readings [families, heads, steps, tokens] float32)}, logits [steps, V] predicting each response
+    token)``. ``handle``: :func:`normx.core.handle.model_handle`'s (``.base``, ``.adapter``, ``.device``,
+    ``.using()``)."""
+    families = check_families(families)
+    model, adapter = handle.base, handle.adapter
+    reason = decoder_reason(adapter)
+    if reason is not None:
+        raise UnsupportedModelError(f"{method} does not explain {type(model).__name__}: {reason}")
+    total = len(ids)
+    if not 0 < prompt_length < total:
+        raise InvalidInputError(f"{method} needs a prompt and a response, got {prompt_length} of {total} tokens")
+    blocks, _ = shape(model, adapter)
+    tensor = torch.tensor([list(ids)], device=handle.device)
+    run = Pass(model, adapter, {"input_ids": tensor, "attention_mask": torch.ones_like(tensor)}, [blocks])
+    queries = torch.tensor([response_positions(prompt_length, total)], device=handle.device)
+    wants_values = "norm" in families or "logit" in families
+    read = block_attention(model, list(range(1, blocks + 1)), method, values=wants_values)
+    later: dict[int, tuple] = {}  # logit family: (alpha, values, W_O) kept until the gradients are known
+    out: dict[int, Any] = {}
+
+    def keep(block, rows, values):
+        alpha = rows[0].float()  # [H, Q, T]
+        parts = {"attention": alpha}
+        if values is not None:
+            w_o = block.head_projections(alpha.shape[0]).float()  # [H, d, hidden]
+            v = values[0].float()  # [T, H, d]
+            if "norm" in families:
+                size = torch.einsum("thd,hdo->tho", v, w_o).norm(dim=-1)  # [T, H]
+                parts["norm"] = alpha * size.T[:, None, :]
+            if "logit" in families:
+                later[block.layer] = (alpha, v, w_o)
+                return None
+        out[block.layer] = reduce(block.layer, torch.stack([parts[f] for f in families]))
+        return None
+
+    with handle.using(), torch.no_grad():
+        read_blocks(run, queries, read, method, keep)
+        last = run.hidden[blocks][0, queries[0]]  # [Q, hidden]
+    targets = tensor[0, prompt_length:]
+    grads, logits = _gradients(model, adapter, last, targets, handle, bool(later))
+    with torch.no_grad():
+        for layer, (alpha, v, w_o) in later.items():
+            parts = {"attention": alpha}
+            if "norm" in families:
+                parts["norm"] = alpha * torch.einsum("thd,hdo->tho", v, w_o).norm(dim=-1).T[:, None, :]
+            pulled = torch.einsum("hdo,qo->qhd", w_o, grads)  # (W_O^h)^T g_t
+            parts["logit"] = alpha * torch.einsum("thd,qhd->hqt", v, pulled)
+            out[layer] = reduce(layer, torch.stack([parts[f] for f in families]))
+    return out, logits
+
+
+def _gradients(model, adapter, last: torch.Tensor, targets: torch.Tensor, handle, wanted: bool
+               ) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """g_t = d log p(y_t) / d x_(q_t)^L [Q, hidden] through the final norm and the head (None unless ``wanted``),
+    and the logits [Q, V]."""
+    with handle.using(), torch.set_grad_enabled(wanted):
+        x = last.detach().float().requires_grad_(True)
+        norm = adapter.norm_module(model)
+        hidden = x.to(next(model.parameters()).dtype)
+        hidden = norm(hidden) if norm is not None else hidden
+        logits = adapter.head(model, hidden, None).float()  # [Q, V]
+        if not wanted:
+            return None, logits.detach()
+        chosen = torch.log_softmax(logits, -1).gather(1, targets[:, None])[:, 0]
+        (grad,) = torch.autograd.grad(chosen.sum(), x)
+    return grad.float(), logits.detach()
