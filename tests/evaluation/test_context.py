@@ -135,6 +135,7 @@ def test_the_command_end_to_end_and_again_from_its_records(folder, tmp_path, cap
         # leave-one-out's top score is the drop when its top source is removed: the same engine reads both
         assert loo["drop@1"] == pytest.approx(max(loo["scores"]), abs=1e-3)
         assert record["readings"]["contextcite@8"]["seconds"] > 0 and record["readings"]["random"]["seconds"] is None
+        assert record["readings"]["normxlogit"]["forward_seconds"] > 0  # its own plain forward, run just before
     lines = (out / "contexts.jsonl").read_text().splitlines()
     assert len(lines) == 2
     assert main(argv) == 0  # again: every context read from its record, nothing appended

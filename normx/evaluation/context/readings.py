@@ -18,7 +18,7 @@ log-probabilities) is read under each mask: ``masks`` held-out random masks for 
 sources. ContextCite's outcome, the logit-probability log p - log(1 - p) of the whole response, is an increasing
 function of the log-probability, so the LDS (a Spearman correlation per context) is the same on either; the drops
 are reported on both. Cost: a method's wall time over the wall time of one plain forward pass on the same
-sequence (the faster of two), both measured in the same run.
+sequence, run just before it (a shared machine's load drifts; the pair is measured back to back).
 """
 
 from __future__ import annotations

@@ -25,15 +25,16 @@ class ContextReport:
     settings: dict = field(default_factory=dict)
 
     def summary(self) -> dict[str, dict[str, list[float]]]:
-        """``summary[reading][measure] = [mean, standard error]`` over the contexts (cost: seconds over the plain
-        forward's seconds, per context; none for the baselines)."""
+        """``summary[reading][measure] = [mean, standard error]`` over the contexts (cost: the reading's seconds over
+        those of the plain forward pass run just before it, per context; none for the baselines)."""
         out = {}
         for name in self.readings:
             entries = [(r["readings"][name], r["forward_seconds"]) for r in self.records if name in r["readings"]]
             out[name] = {}
             for measure in MEASURES:
                 if measure == "cost":
-                    values = [e["seconds"] / f for e, f in entries if e.get("seconds") is not None]
+                    values = [e["seconds"] / e.get("forward_seconds", f) for e, f in entries
+                              if e.get("seconds") is not None]
                 else:
                     values = [e.get(measure) for e, _ in entries]
                 out[name][measure] = list(mean_and_error([v for v in values if v is not None]))

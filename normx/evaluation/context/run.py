@@ -93,17 +93,20 @@ def evaluate_context(model, tokenizer, examples: Sequence, methods: Sequence[str
             records.append(old)
             continue
         prepared = prepare(model, tokenizer, example, max_new_tokens, None if old is None else old["response_ids"])
-        found = {}
+        found, forwards = {}, {}
         for name in todo:
             bar.set_postfix_str(f"{example.id}: {name}")
             if name in BASELINES:
                 found[name] = (baseline(name, prepared, seed, index), None)
-            elif name in supplied:
-                found[name] = timed(lambda fn=supplied[name], p=prepared: fn(p))
-            else:
-                registered, chosen = plan[name]
-                found[name] = timed(lambda r=registered, c=chosen, p=prepared:
-                                    read_method(model, tokenizer, p, r, c))
+            else:  # a plain forward just before each reading: the machine's load drifts less in between
+                base = forward_seconds(model, prepared, repeats=1)
+                if name in supplied:
+                    found[name] = timed(lambda fn=supplied[name], p=prepared: fn(p))
+                else:
+                    registered, chosen = plan[name]
+                    found[name] = timed(lambda r=registered, c=chosen, p=prepared:
+                                        read_method(model, tokenizer, p, r, c))
+                forwards[name] = base
         bar.set_postfix_str(f"{example.id}: masks")
         record = score_context(lambda keeps, p=prepared: response_outcomes(model, tokenizer, p, keeps, batch_size),
                                len(prepared.spans), example.evidence, found, masks, seed, old)
@@ -112,8 +115,8 @@ def evaluate_context(model, tokenizer, examples: Sequence, methods: Sequence[str
                   "prompt_tokens": prepared.prompt_length, "response_ids": prepared.response_ids,
                   "response": prepared.response, "forward_seconds": forward_seconds(model, prepared), **record,
                   "readings": {**(old or {}).get("readings", {}), **record["readings"]}}
-        if old is not None:
-            record["forward_seconds"] = old["forward_seconds"]  # costs stay relative to the first run's forward
+        for name, base in forwards.items():
+            record["readings"][name]["forward_seconds"] = base
         records.append(record)
         if folder is not None:
             folder.mkdir(parents=True, exist_ok=True)
