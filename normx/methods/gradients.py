@@ -308,5 +308,7 @@ register_method(Method(
     options=[Option("n_steps", 50, "integration steps", int),
              Option("baselines", "zero", "the baseline embedding: zero, or the pad token's", str, BASELINES),
              Option("rule", "gausslegendre", "the integration rule (as Captum's)", str, RULES),
-             Option("internal_batch_size", None, "rows per forward pass (None: all steps at once)", int, none=True),
+             Option("internal_batch_size", None, "rows per forward pass (None: all steps at once; in "
+                    "explain_generation, the points that fit normx.methods.step_gradients' memory budget)", int,
+                    none=True),
              AGGREGATION]))

@@ -10,15 +10,19 @@ vectorised backward pass with one one-hot output gradient per step) while the fo
 (``retain_graph``); the graph and every gradient are freed before the next sequence.
 
 Batch sizes come from a memory budget, as a stated rule (:func:`steps_per_backward`, :func:`rows_per_forward`):
-an activation of one token through one layer is estimated at ``hidden + intermediate`` numbers of the model's dtype
-(``ACTIVATION_FACTOR`` of them per layer for what a forward pass keeps for its backward pass, measured on SmolLM2),
-and a batch holds what fits ``STEP_BUDGET_MIB``:
+an activation of one token is ``hidden + intermediate`` numbers of the model's dtype, and a batch holds what fits
+``STEP_BUDGET_MIB`` on top of one forward pass's graph:
 
-- steps per backward pass: the budget over the transient gradients of one step (``BACKWARD_FACTOR`` activations a
-  token and layer, the gradient buffers a vectorised backward pass holds per step), at least 1, at most every step;
+- steps per backward pass: the budget over what a vectorised backward pass holds for each step it runs
+  (``BACKWARD_FACTOR`` activations per token, of the one layer it is going through), at least 1, at most every step;
 - Integrated Gradients' interpolation points per forward pass (``internal_batch_size`` when given, as Captum's rows
-  per pass): the budget over the forward's kept activations of one point, at least 1. One forward pass per chunk of
-  points over the whole sequence serves every step; the baseline and the input are one more pass (no graph).
+  per pass): the budget over what a forward pass keeps for its backward pass per point (``ACTIVATION_FACTOR``
+  activations per token and layer), at least 1. One forward pass per chunk of points over the whole sequence serves
+  every step; the baseline and the input are one more pass (no graph).
+
+Measured on SmolLM2 (30 layers, 576 + 1,536 numbers a token; 512 tokens, 32 steps, CPU, float32): one forward pass's
+graph held 846 MiB with one step per backward pass and 1,044 MiB with 8 (so ~28 MiB a step: ~6.5 activations of a
+layer per token; the factors round up), and the graph ~5.4 activations per token and layer.
 
 Methods (:data:`normx.methods.step_scope.STEP_METHODS`): Gradient Norm and Gradient×Input (the gradient, or gradient ×
 embedding, aggregated as the method's ``aggregation`` option says), AttnLRP (embedding × the gradient taken through its
@@ -43,32 +47,37 @@ from normx.errors import InvalidInputError
 from normx.methods.gradients import aggregate, rule_parameters, word_embeddings
 from normx.methods.response import ResponseContext, ResponseRows, response_positions
 
-STEP_BUDGET_MIB = 256  # what one batch of steps (or of interpolation points) may hold on top of the forward's graph
-ACTIVATION_FACTOR = 6  # a forward pass keeps ~6 activations of hidden + intermediate numbers per token and layer
-BACKWARD_FACTOR = 2  # a vectorised backward pass holds ~2 of them per token and layer for each step it runs
+STEP_BUDGET_MIB = 128  # what one batch of steps (or of interpolation points) may hold on top of the forward's graph
+ACTIVATION_FACTOR = 6  # a forward pass keeps ~6 activations (hidden + intermediate numbers) per token and layer
+BACKWARD_FACTOR = 8  # a vectorised backward pass holds ~8 activations per token (of one layer) for each step
 
 
-def _activation_bytes(model: torch.nn.Module, tokens: int) -> int:
-    """hidden + intermediate numbers of the model's dtype, per token, over all layers, for ``tokens`` tokens."""
+def _activation_bytes(model: torch.nn.Module, tokens: int, all_layers: bool = True) -> int:
+    """hidden + intermediate numbers of the model's dtype, per token, for ``tokens`` tokens, over all layers (or
+    one)."""
     config = getattr(model.config, "get_text_config", lambda: model.config)()
     hidden = int(getattr(config, "hidden_size", 0) or 0)
     inner = int(getattr(config, "intermediate_size", 0) or 4 * hidden)
-    layers = int(getattr(config, "num_hidden_layers", 1) or 1)
+    layers = int(getattr(config, "num_hidden_layers", 1) or 1) if all_layers else 1
     size = next(model.parameters()).element_size()
     return max(1, tokens * layers * (hidden + inner) * size)
 
 
-def steps_per_backward(model: torch.nn.Module, tokens: int, steps: int, budget_mib: float = STEP_BUDGET_MIB) -> int:
-    """How many steps one vectorised backward pass runs over a ``tokens``-token sequence: the budget over
-    ``BACKWARD_FACTOR`` activations per token and layer per step, at least 1, at most ``steps``."""
-    each = BACKWARD_FACTOR * _activation_bytes(model, tokens)
-    return max(1, min(steps, int(budget_mib * 2**20 // each)))
+def steps_per_backward(model: torch.nn.Module, tokens: int, steps: int, budget_mib: float | None = None) -> int:
+    """How many steps one vectorised backward pass runs over a ``tokens``-token sequence: the budget (default
+    ``STEP_BUDGET_MIB``) over ``BACKWARD_FACTOR`` activations per token (of one layer) per step, at least 1, at
+    most ``steps``."""
+    budget = STEP_BUDGET_MIB if budget_mib is None else budget_mib
+    each = BACKWARD_FACTOR * _activation_bytes(model, tokens, all_layers=False)
+    return max(1, min(steps, int(budget * 2**20 // each)))
 
 
-def rows_per_forward(model: torch.nn.Module, tokens: int, budget_mib: float = STEP_BUDGET_MIB) -> int:
+def rows_per_forward(model: torch.nn.Module, tokens: int, budget_mib: float | None = None) -> int:
     """How many copies of a ``tokens``-token sequence (Integrated Gradients' points) one forward pass with its graph
-    takes: the budget over ``ACTIVATION_FACTOR`` activations per token and layer, at least 1."""
-    return max(1, int(budget_mib * 2**20 // (ACTIVATION_FACTOR * _activation_bytes(model, tokens))))
+    takes: the budget (default ``STEP_BUDGET_MIB``) over ``ACTIVATION_FACTOR`` activations per token and layer, at
+    least 1."""
+    budget = STEP_BUDGET_MIB if budget_mib is None else budget_mib
+    return max(1, int(budget * 2**20 // (ACTIVATION_FACTOR * _activation_bytes(model, tokens))))
 
 
 # ---- one forward pass, a backward pass per batch of steps ---------------------------------------------------------
