@@ -40,22 +40,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--methods", default=",".join(HELD_OUT), help="the held-out readings")
     parser.add_argument("--ship", action="store_true", help="write the smollm2 preset's shipped weights")
     parser.add_argument("--store", action="store_true", help="store the weights in normx's cache")
+    parser.add_argument("--phase", default="all", choices=("all", "train", "heldout"), help="train: fit only; "
+                        "heldout: the held-out readings only (calibrated_attention when weights.json is there); the "
+                        "held-out records are kept and reused, so the phases can run apart")
     args = parser.parse_args(argv)
 
     import torch
 
     import normx
-    from normx.cli.calibrate import training_contexts
-    from normx.data.contexts import context_examples
-    from normx.evaluation.context import evaluate_context
-    from normx.methods.calibrated import training
-    from normx.methods.calibrated import weights as stored
 
     torch.set_num_threads(1)
     data = data_folder(args.data)
     kinds = args.kinds.split(",")
     families = args.families.split(",")
     model, tokenizer = normx.load_model(args.model)
+    if args.phase != "heldout":
+        fit_weights(args, model, tokenizer, kinds, families, data, argv)
+    if args.phase != "train":
+        held_out(args, model, tokenizer, kinds, data, argv)
+    return 0
+
+
+def fit_weights(args, model, tokenizer, kinds, families, data, argv) -> None:
+    from normx.cli.calibrate import training_contexts
+    from normx.data.contexts import context_examples
+    from normx.methods.calibrated import training
+    from normx.methods.calibrated import weights as stored
+
     started = time.perf_counter()
     examples = context_examples(kinds, "train", args.length, args.train, 0, data)
     contexts = training_contexts(model, tokenizer, examples)
@@ -79,22 +90,28 @@ def main(argv: list[str] | None = None) -> int:
         stored.write(record, stored.SHIPPED / "smollm2" / stored.FILE)
     if args.store:
         stored.store(record)
+    (args.out / "train.md").write_text(
+        f"training: {len(instances)} contexts x {args.masks} masks; chosen {'+'.join(choice.families)}, lambda "
+        f"{choice.lam:g}, {choice.scaling}, cross-validated LDS {choice.cv_lds:.3f}\n")
+
+
+def held_out(args, model, tokenizer, kinds, data, argv) -> None:
+    from normx.data.contexts import context_examples
+    from normx.evaluation.context import evaluate_context
 
     heldout = context_examples(kinds, "heldout", args.length, args.heldout, 0, data)
     methods = [m for m in args.methods.split(",") if m]
+    if not (args.out / "weights.json").is_file():
+        methods = [m for m in methods if m != "calibrated_attention"]
     options = {"calibrated_attention": {"method": "calibrated_attention", "weights": str(args.out / "weights.json")}}
     report = evaluate_context(model, tokenizer, heldout, methods, method_options=options, masks=args.lds_masks,
                               out=args.out / "heldout",
-                              settings={"model": args.model, "length": args.length, "kinds": kinds,
-                                        "provenance": provenance()})
-    report.settings["command"] = described["command"]
+                              settings={"model": args.model, "length": args.length, "kinds": kinds})
+    report.settings["command"] = "python -m studies.context.calibrate " + " ".join(argv or sys.argv[1:])
+    report.settings["provenance"] = provenance()
     report.write(args.out / "heldout")
     table = report.table()
     print(table, flush=True)
-    (args.out / "summary.md").write_text(
-        f"training: {len(instances)} contexts x {args.masks} masks; chosen {'+'.join(choice.families)}, lambda "
-        f"{choice.lam:g}, {choice.scaling}, cross-validated LDS {choice.cv_lds:.3f}\n\nheld out:\n\n{table}\n")
-    return 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,204 @@
+"""calibrated_attention (#46 part 3): the ridge against its closed form, known head weights recovered from outcomes
+they generate, the weights file's round trip and its refusals, the method's rows against weighted attention computed
+by hand on a tiny Llama, and ``normx calibrate`` end to end."""
+
+from __future__ import annotations
+
+import json
+
+import locations
+import numpy as np
+import pytest
+import tiny
+
+import normx
+from normx._torch import torch
+from normx.cli.main import main
+from normx.errors import InvalidInputError, ModelLoadError
+from normx.methods.calibrated import fit, training
+from normx.methods.calibrated import weights as stored
+from normx.methods.calibrated.readings import shape
+from normx.models import get_adapter
+from normx.models.identity import model_identity
+
+SHARED = locations.SHARED
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("NORMX_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return tiny.build("LlamaForCausalLM")
+
+
+def instances(rng, theta: dict, count=12, sources=6, masks=24, layers=2, heads=3, noise=0.0):
+    """Instances whose outcomes are an offset plus the kept sources' theta . features (and noise)."""
+    made = []
+    for i in range(count):
+        features = {f: rng.gamma(2.0, 1.0, (sources, layers, heads)) for f in ("attention", "logit")}
+        kept = rng.random((masks, sources)) < 0.5
+        per_source = sum((features[f] * theta[f]).sum((1, 2)) for f in theta)
+        y = rng.normal() * 10 + kept @ per_source + noise * rng.normal(size=masks)
+        made.append(fit.Instance(features, kept, y, f"i{i}"))
+    return made
+
+
+def test_ridge_is_its_closed_form():
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(40, 5)) * [1, 10, 0.1, 3, 1], rng.normal(size=40)
+    x[:, 4] = 0.0  # a dead column gets weight 0
+    lam = 0.3
+    s = np.sqrt((x[:, :4] ** 2).mean(0))
+    xs = x[:, :4] / s
+    gram = xs.T @ xs
+    want = np.linalg.solve(gram + lam * np.trace(gram) / 4 * np.eye(4), xs.T @ y) / s
+    np.testing.assert_allclose(fit.ridge(x, y, lam), [*want, 0.0], rtol=1e-10)
+    # the per-instance centring: the same as the ridge on each instance's centred rows stacked
+    made = instances(rng, {"attention": rng.normal(size=(2, 3))}, count=3)
+    xc = np.vstack([i.design(["attention"]) - i.design(["attention"]).mean(0) for i in made])
+    yc = np.concatenate([i.y - i.y.mean() for i in made])
+    np.testing.assert_allclose(fit.centred_ridge(made, ["attention"], lam), fit.ridge(xc, yc, lam), rtol=1e-10)
+    with pytest.raises(InvalidInputError, match="penalty"):
+        fit.ridge(x, y, 0.0)
+
+
+def test_known_head_weights_are_recovered_and_their_family_chosen():
+    rng = np.random.default_rng(1)
+    true = {"logit": rng.normal(size=(2, 3))}
+    made = instances(rng, true, noise=0.01)
+    theta = fit.centred_ridge(made, ["logit"], 1e-8)
+    np.testing.assert_allclose(theta.reshape(2, 3), true["logit"], atol=2e-3)
+    choice = fit.choose(made, ["attention", "logit"], lambdas=(1e-6, 1.0), folds=3)
+    assert choice.families == ("logit",) and choice.lam == 1e-6 and choice.cv_lds > 0.99
+    assert {tuple(r["families"]) for r in choice.table} == {("attention",), ("logit",), ("attention", "logit")}
+    # outcomes that no feature explains: chance LDS
+    noise = [fit.Instance(i.features, i.masks, rng.normal(size=len(i.y)), i.id) for i in made]
+    assert abs(fit.cross_validate(noise, ["attention"], 1.0, "logprob", 3)) < 0.2
+
+
+def record_for(model, theta, families=("attention",)):
+    return stored.make_record("calibrated_attention", model_identity(model), families, theta,
+                              theta[families[0]].shape, 0.1, "logprob", 0.5, {"contexts": 3})
+
+
+def test_weights_round_trip_and_refusals(llama, cache, tmp_path):
+    model, tok = llama
+    blocks, heads = shape(model, get_adapter(model))
+    with pytest.raises(InvalidInputError, match="normx calibrate"):
+        stored.find(model, "calibrated_attention")
+    record = record_for(model, {"attention": np.arange(blocks * heads, dtype=float).reshape(blocks, heads)})
+    path = stored.store(record)
+    assert path.parent == cache / "calibrated" and not list(path.parent.glob(".*.tmp"))
+    found, where = stored.find(model, "calibrated_attention")
+    assert found == record and where == path
+    text = path.read_text()
+    changed = json.loads(text)
+    changed["weights"]["attention"][0][0] = 99.0  # tampered: the hash no longer matches
+    path.write_text(json.dumps(changed))
+    with pytest.raises(ModelLoadError, match="sha256"):
+        stored.find(model, "calibrated_attention")
+    path.write_text(text[: len(text) // 2])  # cut short
+    with pytest.raises(ModelLoadError, match="not UTF-8 JSON"):
+        stored.find(model, "calibrated_attention")
+    forged = dict(changed, sha256=stored.digest(changed))  # rehashed, but NaN is no weight
+    forged["weights"] = {"attention": [[float("nan")] * heads] * blocks}
+    forged["sha256"] = stored.digest(forged)
+    path.write_text(json.dumps(forged))
+    with pytest.raises(ModelLoadError, match="finite"):
+        stored.find(model, "calibrated_attention")
+    path.unlink()
+    elsewhere = stored.write(record, tmp_path / "real.json")
+    path.symlink_to(elsewhere)  # a link is never followed
+    with pytest.raises(ModelLoadError, match="not a regular file"):
+        stored.find(model, "calibrated_attention")
+    path.unlink()
+    other = dict(record, model=dict(record["model"], weights="0" * 24))
+    other["sha256"] = stored.digest(other)
+    stored.write(other, path)  # another model's weights under this model's key
+    with pytest.raises(ModelLoadError, match="not to this model"):
+        stored.find(model, "calibrated_attention")
+
+
+def test_the_method_is_weighted_attention_from_the_predicting_positions(llama):
+    model, tok = llama
+    blocks, heads = shape(model, get_adapter(model))
+    theta = np.random.default_rng(2).normal(size=(blocks, heads))
+    stored.store(record_for(model, {"attention": theta}))
+    prompt, response = "the film was good. a dull plot!", [17, 23, 5]
+    g = normx.explain_generation(model, tok, prompt, method="calibrated_attention", target=response)
+    ids = list(g.token_ids)
+    length = len(ids) - len(response)
+    before = model.config._attn_implementation
+    with torch.no_grad():
+        model.config._attn_implementation = "eager"
+        try:
+            attentions = model(torch.tensor([ids]), output_attentions=True).attentions
+        finally:
+            model.config._attn_implementation = before
+    for t, row in enumerate(g.rows()):
+        q = length - 1 + t
+        want = sum(theta[l, h] * attentions[l][0, h, q, : length + t].double().numpy()
+                   for l in range(blocks) for h in range(heads))
+        np.testing.assert_allclose(row[: length + t], want, rtol=1e-4, atol=1e-6)
+    with pytest.raises(InvalidInputError, match="whole response"):  # a response-only method
+        normx.explain(model, tok, "the film", method="calibrated_attention")
+
+
+def test_every_family_sums_to_theta_times_the_training_features(llama, tmp_path):
+    model, tok = llama
+    blocks, heads = shape(model, get_adapter(model))
+    ids = tok("the film was good. a dull plot! it was long. and so on")["input_ids"]
+    length, spans = len(ids) - 3, [(1, 5), (5, 9), (9, len(ids) - 3)]
+    rng = np.random.default_rng(3)
+    families = ("attention", "norm", "logit")
+    theta = {f: rng.normal(size=(blocks, heads)) for f in families}
+    path = stored.write(record_for(model, theta, families), tmp_path / "w.json")
+    g = normx.explain_generation(model, tok, tok.decode(ids[1:length]), method="calibrated_attention",
+                                 target=ids[length:], weights=str(path))
+    assert list(g.token_ids) == ids
+    scores = [sum(float(np.nansum(row[a:b])) for row in g.rows()) for a, b in spans]
+    features = training.source_features(model, ids, length, spans, families)
+    want = [sum(float((features[f][j] * theta[f]).sum()) for f in families) for j in range(len(spans))]
+    np.testing.assert_allclose(scores, want, rtol=1e-4, atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    """A tiny Qwen2 causal LM with a chat template (prompts of a few hundred tokens)."""
+    model, tokenizer = tiny.build("Qwen2ForCausalLM", fresh=True)
+    model.config.max_position_embeddings = 4096
+    tokenizer.model_max_length = 4096
+    tokenizer.chat_template = ("{% for m in messages %}<s>{{ m['role'] }}\n{{ m['content'] }}</s>\n{% endfor %}"
+                               "{% if add_generation_prompt %}<s>assistant\n{% endif %}")
+    path = tmp_path_factory.mktemp("qwen2-chat")
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+@pytest.mark.skipif(not (SHARED / "qnli").is_dir(), reason="the shared GLUE data folder is not here")
+def test_calibrate_command_end_to_end(folder, cache, tmp_path, capsys):
+    out = tmp_path / "w.json"
+    argv = ["calibrate", folder, "--data", str(SHARED), "--kinds", "qa", "--contexts", "3", "--length", "120",
+            "--masks", "6", "--folds", "3", "--max-new-tokens", "3", "--families", "attention,logit",
+            "--out", str(out), "--store", "--keep", str(tmp_path / "keep")]
+    assert main(argv) == 0
+    assert "chosen:" in capsys.readouterr().out
+    record = stored.read(out)
+    assert record["training"]["contexts"] == 3 and record["training"]["split"] == "train"
+    assert set(record["families"]) <= {"attention", "logit"} and len(list((tmp_path / "keep").glob("*.npz"))) == 3
+    model, tok = normx.load_model(folder)
+    assert stored.find(model, "calibrated_attention")[0] == record  # stored under the model's fingerprint
+    g = normx.explain_generation(model, tok, "the film was good.", method="calibrated_attention", target=[5, 6])
+    assert np.isfinite(g.rows()[1][:-1]).all()
+    assert main(argv) == 0  # again from the kept features and outcomes: the same fit
+    assert stored.read(out) == record
+    capsys.readouterr()
+    assert main(["calibrate", folder, "--data", str(SHARED), "--contexts", "3"]) == 2  # nowhere to write
+    assert "--store" in capsys.readouterr().err
+    assert main(["calibrate", folder, "--data", str(SHARED), "--store", "--families", "attention,nope"]) == 2
+    assert "nope" in capsys.readouterr().err
