@@ -290,7 +290,8 @@ def test_declared_dependencies_match_imports():
 
 def test_the_demo_app_is_a_thin_shell():
     lines = len((PACKAGE.parent / "demo" / "app.py").read_text().splitlines())
-    assert lines <= 300, f"demo/app.py has {lines} lines; view logic belongs in normx.serving.views / session / serving"
+    # 360: two views' layout and wiring (Tokens, and Context: #46); their handlers' logic lives in normx.serving
+    assert lines <= 360, f"demo/app.py has {lines} lines; view logic belongs in normx.serving.views / session / serving"
 
 
 def test_no_library_module_over_400_lines():

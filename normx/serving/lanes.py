@@ -30,6 +30,7 @@ from normx.errors import InvalidInputError, WorkBudgetError
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 MAX_NICE = 19
+ADVICE = "shorten the text, ask for fewer steps or labels, or choose a one-pass method (normxlogit, logat)"
 
 
 def lower_thread_priority(steps: int) -> bool:
@@ -93,17 +94,18 @@ class WorkGate:
         self._lane = ThreadPoolExecutor(heavy_slots, thread_name_prefix="normx-expensive", initializer=_lane_thread,
                                         initargs=(heavy_threads, heavy_nice))
 
-    def check(self, gflop: float, what: str) -> None:
-        """Refuse ``gflop`` over the budget, saying the request's cost and the budget (:func:`cost_and_budget`)."""
+    def check(self, gflop: float, what: str, advice: str = ADVICE) -> None:
+        """Refuse ``gflop`` over the budget, saying the request's cost and the budget (:func:`cost_and_budget`) and
+        what to ask for instead (``advice``)."""
         if gflop > self.budget_gflop:
             need, allowed = cost_and_budget(gflop, self.budget_gflop)
-            raise WorkBudgetError(
-                f"{what} needs about {need} GFLOP; this server allows {allowed} GFLOP per request: shorten the "
-                "text, ask for fewer steps or labels, or choose a one-pass method (normxlogit, logat)")
+            raise WorkBudgetError(f"{what} needs about {need} GFLOP; this server allows {allowed} GFLOP per request: "
+                                  f"{advice}")
 
-    def run(self, gflop: float, fn: Callable[[], T], what: str = "this request", *, heavy: bool = False) -> T:
+    def run(self, gflop: float, fn: Callable[[], T], what: str = "this request", *, heavy: bool = False,
+            advice: str = ADVICE) -> T:
         """``heavy``: the expensive lane whatever the estimate (every method that is not one forward pass)."""
-        self.check(gflop, what)
+        self.check(gflop, what, advice)
         if gflop <= self.cheap_gflop and not heavy:
             return fn()
         return self._lane.submit(fn).result()

@@ -151,8 +151,14 @@ def gated(gate: WorkGate | None, model, method: str, tokens: int, fn, *, targets
     gflop = estimate_gflop(model, method, tokens + steps - 1, targets=targets, texts=steps)
     what = f"{method} on {tokens} tokens" + (f" x {steps} steps" if steps > 1 else "") + \
         (f" for {targets} labels" if targets > 1 else "")
-    chosen = get_method(method)  # every method but the one-pass ones in the expensive lane
-    return gate.run(gflop, fn, what, heavy=chosen.exclusive or not chosen.per_position)
+    return gate.run(gflop, fn, what, heavy=expensive(method))
+
+
+def expensive(method: str) -> bool:
+    """Whether ``method`` runs in the work gate's expensive lane: every method but the one-pass ones
+    (``Method.per_position``), and those that hold the model exclusively."""
+    chosen = get_method(method)
+    return chosen.exclusive or not chosen.per_position
 
 
 def continuation(model, tokenizer, text: str, method: str, steps: int, layer="all",

@@ -545,13 +545,17 @@ def test_api_endpoints_have_meaningful_names_and_optional_inputs(cache, folder):
     with serve(blocks) as url:
         api = Client(url, verbose=False, download_files=False).view_api(return_format="dict", print_info=False)
     endpoints = api["named_endpoints"]
-    assert set(endpoints) == {"/explain", "/render", "/compare"}
+    assert set(endpoints) == {"/explain", "/render", "/compare", "/cite"}
     explain = {p["parameter_name"]: p["parameter_has_default"] for p in endpoints["/explain"]["parameters"]}
     assert explain == {"model_name": True, "text": False, "pair": True, "method": True, "steps": True, "unit": True,
                        "show_special": True, "compare_methods": True}  # only the text is required
     render = [p["parameter_name"] for p in endpoints["/render"]["parameters"]]
     assert render == ["layer", "unit", "show_special", "step", "label_a", "label_b", "compare_methods"]
+    cite = {p["parameter_name"]: p["parameter_has_default"] for p in endpoints["/cite"]["parameters"]}
+    assert cite == {"model_name": True, "context": False, "query": False, "sources": True, "method": True,
+                    "n_ablations": True, "answer_tokens": True}  # the Context view: documents and a question
     for endpoint in endpoints.values():
-        assert all(p["parameter_has_default"] for p in endpoint["parameters"] if p["parameter_name"] != "text")
+        assert all(p["parameter_has_default"] for p in endpoint["parameters"]
+                   if p["parameter_name"] not in ("text", "context", "query"))
         labels = [r.get("label") for r in endpoint["returns"]]
         assert not any(label is None or re.fullmatch(r"value_\d+", label) for label in labels), labels
