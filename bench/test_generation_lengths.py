@@ -23,7 +23,7 @@ import pytest
 import torch
 from generation_lengths import GROWTH_LIMIT, LINEAR, STEPS, GenerationWorkload, check_rows
 from generation_lengths import single_step_reference as reference
-from generation_options import GenCase, generation_cases
+from generation_options import GIB, GenCase, generation_budget, generation_cases
 
 SHORT = STEPS + 32  # the reference check's sequence: 32 prompt tokens, STEPS explained
 
@@ -135,3 +135,36 @@ def _device(s) -> str:
     from workloads import device_name
 
     return device_name(torch.device(s.device))
+
+
+# ---- the budget (the CUDA branch's rule, without a GPU) and the worker's search rule -----------------------------
+
+@pytest.mark.parametrize(("device", "budget_gb", "memory", "expected"), [
+    ("cuda", None, 80 * GIB, 48 * GIB),  # an 80 GB card: the design card's 48 GB
+    ("cuda", None, 24 * GIB, 24 * GIB),  # a smaller card: all of it
+    ("cuda", 10.0, 80 * GIB, 10 * GIB),  # as given
+    ("cpu", None, None, 4 * GIB),  # CPU_BUDGET_GB of working memory
+    ("cpu", 0.5, None, GIB // 2),
+])
+def test_generation_budget(device, budget_gb, memory, expected):
+    assert generation_budget(device, budget_gb, memory) == expected
+
+
+def test_generation_budget_refuses_nonsense():
+    with pytest.raises(pytest.UsageError, match="must be positive"):
+        generation_budget("cpu", 0.0)
+    with pytest.raises(ValueError, match="device's memory"):
+        generation_budget("cuda", None, None)
+
+
+def test_worker_searches_only_where_a_round_is_cheap():
+    """In this process (no allocator settings): a search where the round took under the limit, 'search_skipped'
+    where it took over it; the trials and the per-instance times of the batches tried."""
+    length_worker.warm_up("tiny-llama", ["normxlogit"], "cpu", "float32")
+    kwargs = dict(rounds=2, round_seconds=60.0, budget=GIB, cap=2, timer="perf_counter")
+    searched = length_worker.measure_case("tiny-llama", "normxlogit", SHORT, **kwargs)
+    assert searched["max_batch"] == 2 and set(searched["trials"]) == {"1", "2"}
+    assert set(searched["batch_seconds"]) == {"1", "2"} and len(searched["seconds"]) == 2
+    assert searched["ratio_to_forward"] > 0 and searched["peak_bytes"] > 0
+    skipped = length_worker.measure_case("tiny-llama", "normxlogit", SHORT, search_seconds=0.0, **kwargs)
+    assert "max_batch" not in skipped and skipped["search_skipped"].startswith("a batch-1 round took")
