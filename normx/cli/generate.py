@@ -28,6 +28,12 @@ def add_parser(sub, heavy: bool) -> argparse.ArgumentParser:
     parser.add_argument("--layer", default=None, help="layer index (0 = embeddings, negative from the end), a "
                         "comma-separated list, or 'all'")
     parser.add_argument("--top", type=int, default=3, help="how many earlier tokens to show per generated token")
+    parser.add_argument("--max-length", "--max-tokens", dest="max_length", type=int, default=None, metavar="N",
+                        help="the most tokens of a prompt and its continuation together (default: the model's context "
+                        "length)")
+    parser.add_argument("--truncation", default="error", choices=["error", "warn"], help="a prompt longer than that: "
+                        "an error (default), or 'warn': cut its start, keeping the tokens nearest the continuation, "
+                        "and say how many were cut")
     if heavy:
         from normx.cli.flags import add_method_flags
 
@@ -49,6 +55,8 @@ def run(args) -> int:
         raise InvalidInputError(f"--top must be at least 1, got {args.top}")
     if args.max_new_tokens < 1:
         raise InvalidInputError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
+    if args.max_length is not None and args.max_length < 1:
+        raise InvalidInputError(f"--max-length must be at least 1, got {args.max_length}")
     if args.continuation is not None:
         check_texts([args.continuation], "--continuation text")
     check_layers(layer, args.model, args.gguf_file)
@@ -57,7 +65,8 @@ def run(args) -> int:
     model, tokenizer = load(args)
     target = None if args.continuation is None else [args.continuation] * len(prompts)
     results = explain_generation(model, tokenizer, prompts, method=args.method, layer=layer, target=target,
-                                 max_new_tokens=args.max_new_tokens, chat=args.chat, **given_options(args))
+                                 max_new_tokens=args.max_new_tokens, chat=args.chat, max_length=args.max_length,
+                                 truncation=args.truncation, **given_options(args))
     if args.html:
         from normx.explanations.html import page
 

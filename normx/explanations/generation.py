@@ -24,9 +24,10 @@ import numpy as np
 from normx._torch import torch
 from normx.core.concurrency import tokenizer_lock
 from normx.core.forward import Pass
-from normx.core.inputs import Encoded, batches, max_input_length, positive_int
+from normx.core.inputs import Encoded, batches, max_input_length, positive_int, resolve_max_length
 from normx.errors import EmptyTextError, InputTooLongError, InvalidInputError, UnsupportedModelError
 from normx.explanations.explain import Plan, attribute_batch, model_settings, prepare
+from normx.explanations.generation_length import check_truncation, fit_prompt
 from normx.explanations.generation_response import at_response_level, response_level
 from normx.explanations.generation_result import Generation, Generations
 from normx.explanations.generation_steps import from_one_pass, model_free, per_prefix
@@ -36,7 +37,8 @@ from normx.models import HeadKind
 
 def explain_generation(model, tokenizer, prompts: str | Sequence[str], method: str = "normxlogit", layer=None, *,
                        target=None, max_new_tokens: int = 20, chat: bool = False, gen_args: dict | None = None,
-                       batch_size: int = 8, scope: str | None = None, **options) -> Generation | list[Generation]:
+                       batch_size: int = 8, scope: str | None = None, max_length: int | None = None,
+                       truncation: str = "error", **options) -> Generation | list[Generation]:
     """Generate a continuation of each prompt (or take the given one) and explain every generated token.
 
     Args:
@@ -58,6 +60,12 @@ def explain_generation(model, tokenizer, prompts: str | Sequence[str], method: s
             log-probability, each token's score divided evenly over the steps that see it
             (:mod:`normx.methods.response`); ``"step"``: one computation per generated token; ``None``: the
             method's own (the ablations, ``leave_one_out`` and ``contextcite``, always score the whole response).
+        max_length: the most tokens of a prompt and its continuation together (``max_new_tokens``, or the given
+            target's length), 1 .. the model's context length (the default: its position table, capped by the
+            tokenizer's ``model_max_length`` when that is real; :mod:`normx.explanations.generation_length`).
+        truncation: what a prompt that does not fit gets: ``"error"`` (an :class:`InputTooLongError` with the
+            counts) or ``"warn"`` (its start is cut, the tokens nearest the continuation kept, and an
+            :class:`~normx.errors.InputWarning` says how many tokens were cut; also in the result's ``warnings``).
         **options: the method's own options, as in :func:`normx.explain`.
     """
     single = isinstance(prompts, str)
@@ -72,18 +80,27 @@ def explain_generation(model, tokenizer, prompts: str | Sequence[str], method: s
         raise InvalidInputError(f"gen_args must be a dict of model.generate arguments, got {type(gen_args).__name__}")
     plan = _causal_plan(model, tokenizer, method, layer, options, "explain_generation")
     at_response_level(plan, scope)  # a scope the method does not have is refused before any generation
-    limit = max_input_length(tokenizer, plan.handle)
-    sequences = []
+    limit = resolve_max_length(max_length, tokenizer, plan.handle)
+    check_truncation(truncation)
+    sequences, cuts = [], []
     for prompt, forced in zip(prompts, targets):
-        ids = _prompt_ids(tokenizer, prompt, chat, limit)
-        new = _generate(plan, tokenizer, ids, max_new_tokens, gen_args) if forced is None else \
-            _target_ids(tokenizer, forced)
-        if len(ids) + len(new) > limit:
+        ids = _prompt_ids(tokenizer, prompt, chat)
+        new = None if forced is None else _target_ids(tokenizer, forced)
+        lead = 0 if chat else _added_prefix(tokenizer, ids)
+        room, what = (max_new_tokens, "new tokens may") if new is None else (len(new), "continuation tokens")
+        ids, said = fit_prompt(tokenizer, ids, room, limit, truncation, chat, lead, what)
+        if said:
+            prompt = tokenizer.decode(ids[lead:])
+        if new is None:
+            new = _generate(plan, tokenizer, ids, max_new_tokens, gen_args)
+        if len(ids) + len(new) > limit:  # (gen_args may have asked for more tokens)
             raise InputTooLongError(f"the prompt ({len(ids)} tokens) and its continuation ({len(new)}) are longer "
-                                    f"than the {limit} tokens this model takes")
+                                    f"than max_length={limit}")
         sequences.append((prompt, ids, new))
+        cuts.append(said)
     request = {"layer": layer, "chat": chat, "max_new_tokens": max_new_tokens, "teacher_forcing": target is not None,
-               "gen_args": dict(gen_args or {}), "scope": scope}
+               "gen_args": dict(gen_args or {}), "scope": scope, "max_length": limit, "truncation": truncation,
+               "warnings": cuts}
     out = _explained(plan, tokenizer, sequences, batch_size, request)
     return out[0] if single else Generations(out)
 
@@ -127,7 +144,7 @@ def explain_token_ids(model, tokenizer, token_ids: Sequence[Sequence[int]], prom
         item = _encoded(tokenizer, ids)
         sequences.append((item.text[:item.offsets[length - 1][1]], ids[:length], ids[length:]))
     request = {"layer": layer, "chat": False, "max_new_tokens": None, "teacher_forcing": True, "gen_args": {},
-               "scope": None}
+               "scope": None, "max_length": limit, "truncation": "error", "warnings": [[]] * len(sequences)}
     return _explained(plan, tokenizer, sequences, batch_size, request)
 
 
@@ -163,14 +180,17 @@ def _explained(plan: Plan, tokenizer, sequences: list[tuple[str, list[int], list
     settings = {"method": plan.method.name, "layer": request["layer"], "chat": request["chat"],
                 "max_new_tokens": request["max_new_tokens"], "reading": plan.method.reading_for(plan.options),
                 "label_dependent": plan.method.label_dependent, "teacher_forcing": request["teacher_forcing"],
-                "gen_args": request["gen_args"], **model_settings(plan.handle), **plan.options}
+                "gen_args": request["gen_args"], "max_length": request["max_length"],
+                "truncation": request["truncation"], **model_settings(plan.handle), **plan.options}
     return [Generation(prompt=prompt, text=item.text, token_ids=list(item.ids),
                        vocabulary_tokens=list(item.tokens),
                        offsets=list(item.offsets), special=list(item.special), prompt_length=length, scores=s,
                        probabilities=p, predictions=q, layers=list(plan.layers), method=plan.method.name,
-                       settings={**settings, **extra}, family=plan.adapter.family, alternatives=a, diagnostics=d)
-            for (prompt, _, _), item, length, s, p, q, a, d, extra in zip(
-                sequences, items, lengths, scores, probabilities, predictions, shown, diagnostics, added)]
+                       settings={**settings, **extra}, family=plan.adapter.family, alternatives=a, diagnostics=d,
+                       warnings=list(said))
+            for (prompt, _, _), item, length, s, p, q, a, d, extra, said in zip(
+                sequences, items, lengths, scores, probabilities, predictions, shown, diagnostics, added,
+                request["warnings"])]
 
 
 # ---- inputs --------------------------------------------------------------------------------------------------------
@@ -185,7 +205,7 @@ def _targets(target, count: int, single: bool) -> list:
     return list(target)
 
 
-def _prompt_ids(tokenizer, prompt: str, chat: bool, limit: int) -> list[int]:
+def _prompt_ids(tokenizer, prompt: str, chat: bool) -> list[int]:
     if not prompt.strip():
         raise EmptyTextError("a prompt is empty or only whitespace; give some text to continue")
     with tokenizer_lock(tokenizer):
@@ -197,8 +217,6 @@ def _prompt_ids(tokenizer, prompt: str, chat: bool, limit: int) -> list[int]:
             ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         else:
             ids = tokenizer(prompt)["input_ids"]
-    if len(ids) > limit:
-        raise InputTooLongError(f"the prompt has {len(ids)} tokens; this model takes {limit}")
     return list(ids)
 
 
