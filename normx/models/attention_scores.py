@@ -57,6 +57,17 @@ class BlockScores:
     def heads(self) -> int:
         return self.queries.shape[1]
 
+    def rows(self, row: int, start: int, stop: int, length: int) -> torch.Tensor:
+        """Batch row ``row``'s probabilities [H, stop - start, length] of query positions start..stop over its first
+        ``length`` keys (float32, float64 for float64 models)."""
+        import torch
+
+        mask = self.mask if self.mask is None or self.mask.shape[0] == 1 else self.mask[row:row + 1]
+        one = BlockScores(self.queries[row:row + 1], self.keys[row:row + 1], self.scaling, mask,
+                          self.padding[row:row + 1], self.window, self.softcap, self.sinks)
+        device = self.queries.device
+        return one.probabilities(torch.arange(start, stop, device=device)[None], torch.arange(length, device=device))[0]
+
     def _allowed(self, rows: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
         """[B, 1, Q, K] True where query position ``rows`` [B, Q] may attend key position ``keys`` [K]."""
         allowed = keys[None, None, :] <= rows[..., None]

@@ -151,3 +151,81 @@ def test_head_rows_are_every_heads_probabilities_at_the_rows():
         np.testing.assert_allclose(got[:, :, where].transpose(1, 2).numpy(), want[where].numpy(), rtol=1e-4,
                                    atol=2e-5)
     np.testing.assert_allclose(got.mean(3).numpy(), mean.numpy(), rtol=1e-5, atol=1e-7)
+
+
+def _long_llama():
+    """A tiny Llama with 2,048 positions on the tests' BPE tokenizer."""
+    import copy
+
+    tok = copy.deepcopy(tiny.bpe_tokenizer("llama"))
+    tok.model_max_length = 2048
+    config = transformers.LlamaConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, intermediate_size=64, max_position_embeddings=2048,
+                                      pad_token_id=tok.pad_token_id, bos_token_id=0, eos_token_id=2)
+    torch.manual_seed(0)
+    return tiny.randomize(transformers.LlamaForCausalLM(config), seed=3).eval(), tok
+
+
+def _largest_tensor(fn) -> int:
+    """The most elements of any one tensor an operator made during ``fn()``."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Largest(TorchDispatchMode):
+        most = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for tensor in out if isinstance(out, (tuple, list)) else [out]:
+                if isinstance(tensor, torch.Tensor):
+                    Largest.most = max(Largest.most, tensor.numel())
+            return out
+
+    with Largest():
+        fn()
+    return Largest.most
+
+
+@pytest.mark.parametrize("method", ["attention", "norm_attention", "alti_logit", "attention_logit"])
+def test_memory_grows_with_the_tokens_not_their_square(method, monkeypatch):
+    """The largest tensor made while explaining 8 teacher-forced steps after a prompt of T and of 2T tokens: about
+    twice as large (a [T, T] matrix would make it four times), while the eager path it replaces grows 4x (its
+    [B, heads, T, T] probabilities; ALTI-Logit's rows of contributions are chunks of a bounded size either way)."""
+    import normx
+    from normx.methods.decoder import decompose
+
+    model, tok = _long_llama()
+    largest = {}
+    for words in (25, 50):
+        prompt = " ".join(["the film was a gripping story of love"] * words)
+        tokens = len(tok(prompt)["input_ids"])
+        largest[tokens] = _largest_tensor(lambda prompt=prompt: normx.explain_generation(
+            model, tok, prompt, method=method, target=list(range(10, 18))))
+    (short, small), (long, big) = sorted(largest.items())
+    assert 1.9 < long / short < 2.1
+    assert big / small < 2.3, largest
+    if method == "alti_logit":  # its largest tensors are chunks of a bounded size on either path
+        return
+    monkeypatch.setattr(maps, "linear_modules", lambda _read: None)  # the eager path, for contrast
+    monkeypatch.setattr(decompose, "linear_modules", lambda _read: None)
+    eager = [_largest_tensor(lambda w=w: normx.explain_generation(
+        model, tok, " ".join(["the film was a gripping story of love"] * w), method=method,
+        target=list(range(10, 18)))) for w in (25, 50)]
+    assert eager[1] / eager[0] > 3.5, eager
+
+
+@pytest.mark.parametrize("method", ["alti_logit", "decompx"])
+def test_recorded_pass_needs_no_eager_attention(method, monkeypatch):
+    """ALTI-Logit and decoder DecompX record each block's queries and keys on the model's own attention (no eager
+    pass) and give what the eager path's stored probabilities give (a padded batch, every layer)."""
+    import normx
+    from normx.methods.decoder import decompose
+
+    model, tok = tiny.build("Qwen2ForCausalLM")
+    texts = ["the film was a gripping story", "a dull movie"]
+    monkeypatch.setattr(decompose, "attention_weights", lambda _m: (_ for _ in ()).throw(AssertionError("eager")))
+    linear = normx.explain(model, tok, texts, method=method, layer="all")
+    monkeypatch.undo()
+    monkeypatch.setattr(decompose, "linear_modules", lambda _read: None)
+    eager = normx.explain(model, tok, texts, method=method, layer="all")
+    for mine, theirs in zip(linear, eager):
+        np.testing.assert_allclose(mine.scores, theirs.scores, rtol=1e-4, atol=1e-5 * np.abs(theirs.scores).max())

@@ -45,12 +45,11 @@ def _mixed(rec: DecoderRecording, i: int, row: int, n: int) -> torch.Tensor:
     bias), so that T_(i<-j) = sum_h alpha_(h,i,j) f_(j,h)."""
     read = rec.attention[i]
     wiring = rec.blocks[i]
-    if wiring.attention_norm is not None:
-        source = rec.norms[i]["attention_norm"][1][row, :n]
-    else:
-        source = rec.block_in[i][row, :n]
+    source = rec.block_in[i][row, :n]
+    if wiring.attention_norm is not None:  # the attention's input norm, recomputed from the block's input
+        source = wiring.attention_norm(source)
     weight, bias = affine(read.values)
-    heads = rec.probs[i].shape[1]
+    heads = rec.probs[i].heads
     values = repeat_values(read.value_vectors((source.float() @ weight.T + bias)[None]), heads, read, METHOD)[0]
     w_o = read.head_projections(heads)  # [H, d, D]
     return torch.einsum("jhd,hdo->jho", values.to(w_o.dtype), w_o).float()
@@ -66,23 +65,27 @@ def _post(rec: DecoderRecording, i: int, row: int, n: int, method: str):
                     method)
 
 
-def _block(rec: DecoderRecording, i: int, row: int, n: int, queries: list[int]
-           ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(ALTI contributions C [n, n], attention parts at the queries [Q, n, D] after the post-attention norm)."""
-    probs = rec.probs[i][row, :, :n, :n].float()
-    f = _mixed(rec, i, row, n)
-    post = _post(rec, i, row, n, METHOD)
+def _times_contributions(rec: DecoderRecording, i: int, row: int, n: int, f: torch.Tensor, post,
+                         vectors: torch.Tensor) -> torch.Tensor:
+    """``vectors`` [V, n] times block i's ALTI contributions C [n, n] (rows normalised to sum to one), made in
+    chunks of query rows (memory [rows, n, D], never [n, n] probabilities nor C whole); checks that the attention
+    parts sum to the module's own output at every row."""
     scale = rec.blocks[i].residual_scale
     x = rec.block_in[i][row, :n].float()
     own = rec.attention_out[i][row, :n].float()
-    contributions = torch.zeros((n, n), device=x.device)
+    out = torch.zeros_like(vectors)
     step = max(1, _ROWS // max(1, n * x.shape[-1]))
-    total = torch.zeros_like(own)
+    bias = None
+    worst = 0.0
     for start in range(0, n, step):
         stop = min(n, start + step)
         rows = slice(start, stop)  # causal: these rows mix keys j < stop only
-        parts = torch.einsum("hij,jho->ijo", probs[:, rows, :stop], f[:stop])  # [r, stop, D]
-        total[rows] = parts.sum(1)
+        probs = rec.probs[i].rows(row, start, stop, stop).float()  # [H, r, stop]
+        parts = torch.einsum("hij,jho->ijo", probs, f[:stop])  # [r, stop, D]
+        total = parts.sum(1)
+        here = own[rows] - total  # the output projection's bias, the same at every position
+        bias = here[:1] if bias is None else bias
+        worst = max(worst, float((here - bias).abs().max()))
         if post is not None:
             parts.mul_(post.scale[rows, None] * post.gain)
         if scale != 1:
@@ -91,17 +94,32 @@ def _block(rec: DecoderRecording, i: int, row: int, n: int, queries: list[int]
         resultant = x[rows] + _attention_branch(rec, i, row, rows, post)
         distance = parts.sub_(resultant[:, None]).abs_().sum(-1)  # ||y_i - T_i(x_j)||_1, in place
         c = (resultant.abs().sum(-1, keepdim=True) - distance).clamp_min(0)
-        contributions[rows, :stop] = c / c.sum(-1, keepdim=True).clamp_min(torch.finfo(c.dtype).tiny)
-    bias = own - total  # the output projection's bias, the same at every position
-    worst = float((bias - bias[:1]).abs().max())
+        c = c / c.sum(-1, keepdim=True).clamp_min(torch.finfo(c.dtype).tiny)  # [r, stop]
+        out[:, :stop] += vectors[:, rows] @ c
     if worst > 10 * tolerance(rec.attention_out[i].dtype) * max(float(own.abs().max()), 1e-6):
         raise UnsupportedModelError(f"{METHOD}: the parts of block {i + 1}'s attention do not sum to its own output "
                                     f"(off by {worst:.3g})")
-    at = torch.tensor(queries, device=x.device)
-    parts = torch.einsum("hqj,jho->qjo", probs[:, at], f)
-    if post is not None:
-        parts = parts * post.scale[at, None] * post.gain
-    return contributions, parts * scale
+    return out
+
+
+def _deltas(rec: DecoderRecording, i: int, row: int, n: int, f: torch.Tensor, post, queries: list[int], fixed,
+            readout: torch.Tensor) -> torch.Tensor:
+    """Delta [Q, n]: each key's part of block i's attention output at the queries, read as a logit update through
+    the final norm linearised at the query (``fixed``) and the head's column (``readout`` [Q, D]); in chunks of
+    keys (memory [Q, keys, D])."""
+    at = torch.tensor(queries, device=f.device)
+    probs = torch.cat([rec.probs[i].rows(row, q, q + 1, n) for q in queries], 1).float()  # [H, Q, n]
+    scale = rec.blocks[i].residual_scale
+    out = torch.zeros((len(queries), n), device=f.device)
+    step = max(1, _ROWS // max(1, len(queries) * f.shape[-1]))
+    for start in range(0, n, step):
+        keys = slice(start, min(n, start + step))
+        parts = torch.einsum("hqj,jho->qjo", probs[:, :, keys], f[keys])
+        if post is not None:
+            parts = parts * post.scale[at, None] * post.gain
+        normed = fixed.parts((parts * scale).transpose(0, 1), False).transpose(0, 1)  # [Q, keys, D], FN_q linear
+        out[:, keys] = torch.einsum("qjd,qd->qj", normed, readout)
+    return out
 
 
 def _attention_branch(rec: DecoderRecording, i: int, row: int, rows: slice, post) -> torch.Tensor:
@@ -116,13 +134,19 @@ def _attention_branch(rec: DecoderRecording, i: int, row: int, rows: slice, post
 
 def alti_logit_rows(run: Pass, queries: torch.Tensor, columns: torch.Tensor, vocab) -> torch.Tensor:
     """Scores [B, Q, layers, T] for queries [B, Q] and their target columns [B, Q] (into the head's output),
-    running the recorded pass on ``run``."""
-    rec = record_decoder(run)
+    running the recorded pass on ``run``.
+
+    The rollout is read backwards from the queries (Horner's rule): the score at layer l is
+    sum_(b <= l) Delta^b R^(b-1) = ((Delta^l C^(l-1) + Delta^(l-1)) C^(l-2) + ... ) C^1 + Delta^1, so only
+    [layers, Q, T] vectors are carried and each block's C is made in chunks of rows: memory grows with T (the
+    recorded pass: each block's input, attention output, queries and keys), the work with T^2 per block."""
+    rec = record_decoder(run, mlp=False)
     layers = list(run.layers)
     w, _ = head_map(run, vocab)
     norm = run.adapter.norm_module(run.model)
     b, t = run.inputs["attention_mask"].shape
     out = torch.zeros((b, queries.shape[1], len(layers), t), device=w.device)
+    top = max(layers)
     for row in range(b):
         n = int(run.inputs["attention_mask"][row].sum())
         q = queries[row].tolist()
@@ -130,17 +154,18 @@ def alti_logit_rows(run: Pass, queries: torch.Tensor, columns: torch.Tensor, voc
         with torch.no_grad():
             fixed = norm_map(norm, final, norm(rec.block_out[-1][row, q]), "the final norm", METHOD)
         readout = w[:, columns[row]].T  # [Q, D]
-        rollout = torch.eye(n, device=w.device)
-        total = torch.zeros((len(q), n), device=w.device)
-        for layer in range(len(rec.blocks) + 1):
-            if layer > 0:
-                contributions, parts = _block(rec, layer - 1, row, n, q)
-                normed = fixed.parts(parts.transpose(0, 1), False).transpose(0, 1)  # [Q, n, D], FN_q linear
-                delta = torch.einsum("qjd,qd->qj", normed, readout)
-                total = total + delta @ rollout
-                rollout = contributions @ rollout
-            if layer in layers:
-                out[row, :, layers.index(layer), :n] = total
+        carried = torch.zeros((len(layers), len(q), n), device=w.device)  # one Horner sum per layer read
+        reading = torch.tensor(layers, device=w.device)
+        with torch.no_grad():
+            f, post = _mixed(rec, top - 1, row, n), _post(rec, top - 1, row, n, METHOD)
+            for i in range(top - 1, -1, -1):  # block i + 1, from the top down
+                active = reading >= i + 1  # the layers whose score includes block i + 1
+                carried[active] += _deltas(rec, i, row, n, f, post, q, fixed, readout)
+                if i > 0:  # times C of the block below
+                    f, post = _mixed(rec, i - 1, row, n), _post(rec, i - 1, row, n, METHOD)
+                    moved = _times_contributions(rec, i - 1, row, n, f, post, carried[active].reshape(-1, n))
+                    carried[active] = moved.reshape(-1, len(q), n)
+        out[row, :, :, :n] = carried.transpose(0, 1)
     return out
 
 

@@ -21,19 +21,27 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from normx._torch import torch
-from normx.core.concurrency import attention_weights
+from normx.core.concurrency import attention_weights, using
 from normx.core.forward import Pass
 from normx.core.hooks import hooked, output_tensor
 from normx.errors import UnsupportedModelError
 from normx.methods.decoder.heads import BlockAttention, block_attention
 from normx.methods.decoder.linear import NormMap, affine_parts, mlp_fixed, mlp_parts, norm_map
-from normx.methods.decoder.maps import repeat_values
+from normx.methods.decoder.maps import (
+    Unreadable,
+    block_scores,
+    check_mix,
+    linear_modules,
+    own_probabilities,
+    repeat_values,
+)
 from normx.methods.numerics import tolerance
 from normx.models.decoder import DecoderBlock, decoder_block
 
 METHOD = "DecompX"
 _CHUNK_FLOATS = 2**25  # about this many floats in one chunk's [sources, positions, widest layer] tensor
 _SOURCES = 16  # at most this many sources in one chunk
+_PROBABILITIES = 2**22  # about this many floats in one chunk of a block's probabilities [H, rows, T]
 
 
 @dataclass
@@ -45,7 +53,7 @@ class DecoderRecording:
     attention: list[BlockAttention]
     block_in: list[torch.Tensor]  # [B, T, D]
     block_out: list[torch.Tensor]
-    probs: list[torch.Tensor]  # [B, H, T, T]
+    probs: list  # per block, BlockScores or OwnProbabilities: .heads, .rows(row, start, stop, length) [H, r, length]
     attention_out: list[torch.Tensor]  # the attention module's own output [B, T, D]
     norms: list[dict[str, tuple[torch.Tensor, torch.Tensor]]]  # role -> (real input, real output)
     mlp_in: list[torch.Tensor]
@@ -74,20 +82,64 @@ def _wiring(base, adapter) -> tuple[list[DecoderBlock], list[BlockAttention]]:
     return blocks, [attention[layer] for layer in sorted(attention)]
 
 
-def record_decoder(run: Pass) -> DecoderRecording:
-    """Run ``run``'s forward pass (so its captured layers are there after) with eager attention and hooks on every
-    block, its norms, attention and MLP; return what the decomposition keeps fixed."""
+class OwnProbabilities:
+    """A block's probabilities as its attention module returned them [B, H, T, T] (eager attention, or a module
+    that always returns them), read as :class:`~normx.models.attention_scores.BlockScores` is."""
+
+    def __init__(self, probs: torch.Tensor):
+        self.probs = probs
+
+    @property
+    def heads(self) -> int:
+        return self.probs.shape[1]
+
+    def rows(self, row: int, start: int, stop: int, length: int) -> torch.Tensor:
+        return self.probs[row, :, start:stop, :length].float()
+
+
+def record_decoder(run: Pass, mlp: bool = True) -> DecoderRecording:
+    """Run ``run``'s forward pass (so its captured layers are there after) with hooks on every block, its norms,
+    attention and MLP (``mlp=False``: not the MLP and its norms, and the attention's input norm recomputed by who
+    reads it; ALTI-Logit needs no more); return what the decomposition keeps fixed.
+
+    The pass runs on the model's own attention implementation and keeps each block's queries and keys
+    (:class:`~normx.models.attention_scores.BlockScores`: probabilities made on demand, by rows), so no block's
+    [T, T] probabilities are held, checked at each row's last token against the module's own output; where a
+    block's queries and keys are not read, the pass runs again with eager attention and keeps the probabilities
+    the modules return (:class:`OwnProbabilities`)."""
     base, adapter = run.model, run.adapter
     blocks, attention = _wiring(base, adapter)
+    read = {i + 1: block for i, block in enumerate(attention)}
+    linear = linear_modules(read)
+    if linear is not None:
+        try:
+            with using(base):
+                return _record(run, blocks, attention, mlp, linear)
+        except Unreadable:
+            pass
+    with attention_weights(base):
+        return _record(run, blocks, attention, mlp, {})
+
+
+def _record(run: Pass, blocks: list[DecoderBlock], attention: list[BlockAttention], mlp: bool, linear: dict
+            ) -> DecoderRecording:
+    base, adapter = run.model, run.adapter
     n = len(blocks)
     rec = DecoderRecording(blocks, attention, [None] * n, [None] * n, [None] * n, [None] * n, [{} for _ in range(n)],
-                    [None] * n)
+                           [None] * n)
     modules = {}
     for i, (wiring, read) in enumerate(zip(blocks, attention)):
         modules[f"{i}.block"] = adapter.block_modules(base)[i]
         modules[f"{i}.attention"] = read.attention
-        modules[f"{i}.mlp"] = wiring.mlp
-        modules |= {f"{i}.norm.{role}": module for role, module in wiring.norms().items()}
+        if mlp:
+            modules[f"{i}.mlp"] = wiring.mlp
+        modules |= {f"{i}.norm.{role}": module for role, module in wiring.norms().items()
+                    if mlp or role == "attention_post"}
+    modules |= {f"{int(key.split('.')[0]) - 1}.{key.split('.', 1)[1]}": module for key, module in linear.items()
+                if not key.endswith(".attention")}
+    mask = run.inputs["attention_mask"]
+    last = (mask.sum(-1) - 1).clamp_min(0)[:, None]  # [B, 1] each row's last real token: where the check reads
+    seen: dict[int, dict] = {i: {} for i in range(n)}
 
     def on_call(key, args, kwargs, output):
         index, part, *role = key.split(".")
@@ -96,19 +148,33 @@ def record_decoder(run: Pass) -> DecoderRecording:
         if part == "block":
             rec.block_in[i] = (args[0] if args else kwargs["hidden_states"]).detach()
             rec.block_out[i] = output_tensor(output).detach()
+        elif part in ("values", "qk"):
+            seen[i][role[0] if role else part] = output_tensor(output).detach()
         elif part == "attention":
-            probs = output[1] if isinstance(output, (tuple, list)) and len(output) > 1 else None
-            if not isinstance(probs, torch.Tensor) or probs.dim() != 4:
-                raise _unsupported(base, f"block {i + 1}'s attention returned no probabilities under eager attention")
-            rec.probs[i] = probs.detach()
             rec.attention_out[i] = output_tensor(output).detach()
+            probs = own_probabilities(output, mask.shape[1])
+            if probs is not None:
+                rec.probs[i] = OwnProbabilities(probs.detach())
+            elif not linear:
+                raise _unsupported(base, f"block {i + 1}'s attention returned no probabilities under eager attention")
+            else:
+                got, seen[i] = seen[i], {}
+                read = rec.attention[i]
+                scores = block_scores(read, {k: v for k, v in got.items() if k != "values"}, kwargs, mask)
+                rows = scores.probabilities(last) * mask[:, None, None, :].to(scores.queries.dtype)
+                values = repeat_values(read.value_vectors(got["values"]), rows.shape[1], read, METHOD)
+                try:
+                    check_mix(rows, values, output, read, last, METHOD)
+                except UnsupportedModelError as exc:
+                    raise Unreadable(str(exc)) from None
+                rec.probs[i] = scores
         elif part == "mlp":
             rec.mlp_in[i] = first.detach()
         else:
             rec.norms[i][role[0]] = (first.detach(), output_tensor(output).detach())
         return None
 
-    with attention_weights(base), hooked(modules, on_call):
+    with hooked(modules, on_call), torch.no_grad():
         run.run()
     return rec
 
@@ -119,7 +185,9 @@ class _Fixed:
 
     wiring: DecoderBlock
     read: BlockAttention
-    probs: torch.Tensor  # [H, n, n] float32
+    scores: object  # the block's probabilities, made by rows on demand (DecoderRecording.probs)
+    row: int
+    n: int
     norms: dict[str, NormMap]
     mlp: torch.Tensor  # [n, F]
 
@@ -132,8 +200,8 @@ def _fixed(rec: DecoderRecording, i: int, row: int, n: int, base) -> _Fixed:
         norms[role] = norm_map(module, real_in[row, :n], real_out[row, :n], f"block {i + 1}'s {role}", METHOD)
     if wiring.mlp_norm is wiring.attention_norm and wiring.mlp_norm is not None:
         norms["mlp_norm"] = norms["attention_norm"]
-    probs = rec.probs[i][row, :, :n, :n].float()
-    return _Fixed(wiring, rec.attention[i], probs, norms, mlp_fixed(wiring.mlp_layout, rec.mlp_in[i][row, :n]))
+    return _Fixed(wiring, rec.attention[i], rec.probs[i], row, n, norms,
+                  mlp_fixed(wiring.mlp_layout, rec.mlp_in[i][row, :n]))
 
 
 def _sliced(norm: NormMap | None, start: int) -> NormMap | None:
@@ -143,9 +211,14 @@ def _sliced(norm: NormMap | None, start: int) -> NormMap | None:
 def _attention(fixed: _Fixed, parts: torch.Tensor, start: int, bias: bool) -> torch.Tensor:
     """The attention module's output parts for its input parts [S, N', D] (positions start..)."""
     read = fixed.read
-    probs = fixed.probs[:, start:, start:]
-    values = repeat_values(read.value_vectors(affine_parts(read.values, parts, bias)), probs.shape[0], read, METHOD)
-    mixed = torch.einsum("hij,sjhd->sihd", probs, values)
+    heads, n = fixed.scores.heads, fixed.n
+    values = repeat_values(read.value_vectors(affine_parts(read.values, parts, bias)), heads, read, METHOD)
+    mixed = torch.empty((*values.shape[:2], heads, values.shape[-1]), dtype=values.dtype, device=values.device)
+    step = max(1, _PROBABILITIES // max(1, heads * n))  # query rows per chunk: no [H, T, T] matrix
+    for top in range(start, n, step):
+        end = min(n, top + step)  # causal: rows top..end mix keys start..end
+        probs = fixed.scores.rows(fixed.row, top, end, end)[:, :, start:].to(values.dtype)
+        mixed[:, top - start:end - start] = torch.einsum("hij,sjhd->sihd", probs, values[:, :end - start])
     return affine_parts(read.output, mixed.reshape(*mixed.shape[:2], -1), bias)
 
 

@@ -92,7 +92,7 @@ def repeat_values(values: torch.Tensor, heads: int, block: BlockAttention, metho
     return values.repeat_interleave(heads // kv, dim=2) if kv < heads else values
 
 
-def _check_mix(rows: torch.Tensor, values: torch.Tensor, output, block: BlockAttention, queries: torch.Tensor,
+def check_mix(rows: torch.Tensor, values: torch.Tensor, output, block: BlockAttention, queries: torch.Tensor,
                method: str) -> None:
     """The value vectors mixed by ``rows`` and pushed through the output projection must give the attention
     module's own output at the query rows."""
@@ -221,7 +221,7 @@ def _read_blocks(run: Pass, queries: torch.Tensor, read: dict[int, BlockAttentio
                                         "before its attention returned, so its output is not the values it mixed")
         values = repeat_values(values, rows.shape[1], block, method)
         try:
-            _check_mix(rows, values, output, block, queries, method)
+            check_mix(rows, values, output, block, queries, method)
         except UnsupportedModelError as exc:
             if probs is None:  # the recomputed rows: read the module's own probabilities instead
                 raise Unreadable(str(exc)) from None
