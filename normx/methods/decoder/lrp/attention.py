@@ -7,13 +7,18 @@ module, and the module's ``scaling``:
 
     q' = rope(q), k' = rope(k)            rotate_half, on the first cos.shape[-1] dimensions (all, or a partial rotary;
                                           none in a layer whose attention has use_rope = 0, SmolLM3's NoPE layers)
-    A = softmax(q' k'^T * scaling + mask)   in float32, cast back, as transformers' eager attention
+    A = softmax(q' k'^T * scaling + mask)   in float32, cast back, as transformers' eager attention (for the check)
     out = W_O((A v) per head, heads concatenated)   the output projection
 
 Rules, as LXT 2.1's efficient AttnLRP: the gradient at q' and k' is divided by 4 and at v by 2 (the uniform rule
 for the products q'k'^T and A v; LXT's factors), the softmax keeps its own gradient (AttnLRP's softmax rule as
 Gradient×Input), and key-value heads are repeated for grouped-query attention as ``repeat_kv`` does. The mask is the
 one the block gave its attention (a causal one where it gave none).
+
+The probabilities are computed without autograd for the check and let go; the differentiated A v is
+``torch.nn.functional.scaled_dot_product_attention`` on the same q', k', v', mask and scaling, whose backward pass is
+the softmax's own gradient with nothing kept per query and key (on CPU its fused kernel keeps no T x T tensor, so a
+pass's memory grows with T, not T^2: LXT's eager attention keeps each block's probabilities).
 
 Checked on every pass, at the real (non-padding) query rows: the recomputed probabilities equal the module's own
 (eager attention returns them) and the recomputed output equals the module's own output; a model that fails either
@@ -123,11 +128,16 @@ def attention_with_rules(part: BlockParts, q: torch.Tensor, k: torch.Tensor, v: 
     if heads != groups:  # grouped-query attention: key-value head g serves query heads g * n .. g * n + n - 1
         key = key.repeat_interleave(heads // groups, dim=1)
         value = value.repeat_interleave(heads // groups, dim=1)
-    scores = torch.matmul(query, key.transpose(2, 3)) * part.scaling
-    scores = scores + _mask(kwargs, length, scores)
-    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
-    _check(weights, probs, rows, "attention probabilities", method, part, absolute=True)
-    mixed = torch.matmul(weights, value).transpose(1, 2).reshape(*own.shape[:2], -1)
-    out = part.o(mixed.to(own.dtype))
+    with torch.no_grad():  # the probabilities, checked and let go: the backward pass keeps no T x T tensor
+        scores = torch.matmul(query, key.transpose(2, 3)) * part.scaling
+        mask = _mask(kwargs, length, scores)
+        weights = torch.softmax(scores + mask, dim=-1, dtype=torch.float32).to(query.dtype)
+        _check(weights, probs, rows, "attention probabilities", method, part, absolute=True)
+        del scores, weights
+    # the same softmax(q' k'^T * scaling + mask) v, differentiated by the fused kernel (its own backward pass: the
+    # softmax's gradient, nothing stored per query and key)
+    mixed = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask.to(query.dtype),
+                                                             scale=part.scaling)
+    out = part.o(mixed.transpose(1, 2).reshape(*own.shape[:2], -1).to(own.dtype))
     _check(out, own, rows, "outputs", method, part)
     return (with_backward(own, out), *output[1:])
