@@ -86,7 +86,7 @@ def record_for(model, theta, families=("attention",)):
 
 
 def test_weights_round_trip_and_refusals(llama, cache, tmp_path):
-    model, tok = llama
+    model, _ = llama
     blocks, heads = shape(model, get_adapter(model))
     with pytest.raises(InvalidInputError, match="normx calibrate"):
         stored.find(model, "calibrated_attention")
@@ -141,8 +141,8 @@ def test_the_method_is_weighted_attention_from_the_predicting_positions(llama):
             model.config._attn_implementation = before
     for t, row in enumerate(g.rows()):
         q = length - 1 + t
-        want = sum(theta[l, h] * attentions[l][0, h, q, : length + t].double().numpy()
-                   for l in range(blocks) for h in range(heads))
+        want = sum(theta[b, h] * attentions[b][0, h, q, : length + t].double().numpy()
+                   for b in range(blocks) for h in range(heads))
         np.testing.assert_allclose(row[: length + t], want, rtol=1e-4, atol=1e-6)
     with pytest.raises(InvalidInputError, match="whole response"):  # a response-only method
         normx.explain(model, tok, "the film", method="calibrated_attention")
@@ -202,3 +202,13 @@ def test_calibrate_command_end_to_end(folder, cache, tmp_path, capsys):
     assert "--store" in capsys.readouterr().err
     assert main(["calibrate", folder, "--data", str(SHARED), "--store", "--families", "attention,nope"]) == 2
     assert "nope" in capsys.readouterr().err
+
+
+def test_the_fingerprint_is_kept_until_a_weight_changes():
+    model, _ = tiny.build("LlamaForCausalLM", fresh=True)
+    first = stored._identity(model)
+    assert stored._identity(model) is first  # paid once per model object
+    with torch.no_grad():
+        next(model.parameters()).add_(1.0)  # changed in place: fingerprinted again
+    assert stored._identity(model)["weights"] != first["weights"] == model_identity(tiny.build(
+        "LlamaForCausalLM", fresh=True)[0])["weights"]

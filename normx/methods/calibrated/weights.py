@@ -21,6 +21,7 @@ import json
 import math
 import os
 import tempfile
+import weakref
 from pathlib import Path
 
 from normx._version import __version__
@@ -33,6 +34,7 @@ FORMAT = "normx-calibrated-context/1"
 FILE = "calibrated.json"  # a preset's shipped weights, beside its other files
 MAX_BYTES = 8 << 20
 SHIPPED = Path(__file__).parent.parent.parent / "zoo" / "presets_data"  # normx/zoo/presets_data (package data)
+_IDENTITIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (parameter signature, identity)
 _FIELDS = ("format", "method", "model", "families", "shape", "weights", "lambda", "scaling", "cv_lds", "training",
            "normx_version")
 
@@ -141,7 +143,7 @@ def check(record, where: str) -> None:
 def find(model, method: str) -> tuple[dict, Path]:
     """The weights stored for ``model`` (its fingerprint): the cache's file, else a preset's shipped one;
     :class:`InvalidInputError` naming ``normx calibrate`` when there are none."""
-    identity = model_identity(model)
+    identity = _identity(model)
     key = fingerprint(identity)
     cached = folder() / f"{key}.json"
     if cached.exists() or cached.is_symlink():
@@ -155,6 +157,18 @@ def find(model, method: str) -> tuple[dict, Path]:
         f"{method} needs weights fitted to this model ({identity['name']}, fingerprint {key[:12]}), and none are "
         f"stored in {folder()} or shipped with a preset: fit them with `normx calibrate MODEL --data DIR --store` "
         "(or pass weights=FILE)")
+
+
+def _identity(model) -> dict:
+    """model_identity, kept per model object while no parameter is replaced or changed in place (each tensor's
+    storage and version counter are the signature): a call pays the fingerprint once, not on every explanation."""
+    signature = tuple((name, p.data_ptr(), p._version) for name, p in model.named_parameters())
+    known = _IDENTITIES.get(model)
+    if known is not None and known[0] == signature:
+        return known[1]
+    identity = model_identity(model)
+    _IDENTITIES[model] = (signature, identity)
+    return identity
 
 
 def _matching(record: dict, identity: dict, path: Path) -> dict:
