@@ -54,7 +54,11 @@ def explain_generation(model, tokenizer, prompts: str | Sequence[str], method: s
         max_new_tokens: the most tokens to generate (greedy unless ``gen_args`` says otherwise).
         chat: wrap each prompt as a user message with the tokenizer's chat template and its generation prompt.
         gen_args: more keyword arguments for ``model.generate`` (e.g. ``{"do_sample": True, "top_p": 0.9}``).
-        batch_size: sequences per forward pass (one-pass methods), or prefixes per pass (gradient methods).
+        batch_size: sequences per forward pass (one-pass methods), or prefixes per pass (the per-prefix methods).
+            The gradient methods and AttnLRP take one sequence per forward pass and batch their backward passes by
+            a memory rule (:mod:`normx.methods.step_gradients`); the baselines that read no model (random, recency:
+            ``Method.model_free``) run no pass, so their Generation has no model outputs (probabilities NaN,
+            predictions -1).
         scope: ``"response"`` runs a method with a response-level computation (``Method.response``: the gradient
             methods and AttnLRP) once for the whole response: ONE backward pass of the response's total
             log-probability, each token's score divided evenly over the steps that see it
