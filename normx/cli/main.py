@@ -94,7 +94,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
         add_evaluate_parser(sub)
     else:
-        sub.add_parser("evaluate", help="evaluate explanations: faithfulness, blimp")
+        sub.add_parser("evaluate", help="evaluate explanations: faithfulness, blimp, context")
     from normx.cli.cache import add_parser as add_cache
     from normx.cli.calibrate import add_parser as add_calibrate
     from normx.cli.cite import add_parser as add_cite
