@@ -147,7 +147,7 @@ def test_explain_generation_takes_one_pass_for_them(method, monkeypatch):
     def refuse(*args):
         raise AssertionError("the per-step path ran")
 
-    monkeypatch.setattr(generation, "_per_step", refuse)
+    monkeypatch.setattr(generation, "per_prefix", refuse)
     g = normx.explain_generation(model, tok, ["the film", "a dull movie with a"], method=method, max_new_tokens=3)
     assert [x.steps for x in g] == [3, 3] and all(np.isfinite(x.rows()[-1]).all() for x in g)
 
