@@ -40,7 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--methods", default=",".join(HELD_OUT), help="the held-out readings")
     parser.add_argument("--ship", action="store_true", help="write the smollm2 preset's shipped weights")
     parser.add_argument("--store", action="store_true", help="store the weights in normx's cache")
-    parser.add_argument("--phase", default="all", choices=("all", "train", "heldout"), help="train: fit only; "
+    parser.add_argument("--phase", default="all", choices=("all", "train", "fit", "heldout"),
+                        help="train: fit only; fit: fit on the training contexts already kept in OUT/train (no "
+                        "model pass); "
                         "heldout: the held-out readings only (calibrated_attention when weights.json is there); the "
                         "held-out records are kept and reused, so the phases can run apart")
     args = parser.parse_args(argv)
@@ -56,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     model, tokenizer = normx.load_model(args.model)
     if args.phase != "heldout":
         fit_weights(args, model, tokenizer, kinds, families, data, argv)
-    if args.phase != "train":
+    if args.phase not in ("train", "fit"):
         held_out(args, model, tokenizer, kinds, data, argv)
     return 0
 
@@ -69,11 +71,15 @@ def fit_weights(args, model, tokenizer, kinds, families, data, argv) -> None:
 
     started = time.perf_counter()
     examples = context_examples(kinds, "train", args.length, args.train, 0, data)
-    contexts = training_contexts(model, tokenizer, examples)
-    instances = training.instances_for(model, tokenizer, contexts, masks=args.masks, families=families,
-                                       keep=args.out / "train")
+    if args.phase == "fit":
+        instances = training.kept_instances(args.out / "train", [e.id for e in examples], masks=args.masks,
+                                            families=families)
+    else:
+        contexts = training_contexts(model, tokenizer, examples)
+        instances = training.instances_for(model, tokenizer, contexts, masks=args.masks, families=families,
+                                           keep=args.out / "train")
     described = {"data": "normx.data.contexts", "split": "train", "kinds": kinds, "length": args.length, "seed": 0,
-                 "max_new_tokens": 12, "ids": [c["id"] for c in contexts],
+                 "max_new_tokens": 12, "ids": [inst.id for inst in instances],
                  "command": "python -m studies.context.calibrate " + " ".join(argv or sys.argv[1:])}
     record, choice = training.fitted_record(model, instances, families, training=described)
     train_seconds = time.perf_counter() - started

@@ -111,6 +111,18 @@ def training_hash(instances: Sequence[Instance]) -> str:
     return digest.hexdigest()
 
 
+def _key(masks: int, seed: int, families: Sequence[str]) -> str:
+    return json.dumps({"masks": masks, "seed": seed, "families": list(families)}, sort_keys=True)
+
+
+def kept_instances(keep: Path, ids: Sequence[str], *, masks: int = 32, seed: int = 0,
+                   families: Sequence[str] = FAMILIES) -> list[Instance]:
+    """The instances an earlier :func:`instances_for` kept in ``keep`` for the contexts ``ids`` with the same
+    settings, in order, skipping the ones it has not finished (no model needed)."""
+    key = _key(masks, seed, families)
+    return [inst for inst in (_saved(keep, id, key) for id in ids) if inst is not None]
+
+
 def instances_for(model, tokenizer, contexts: Sequence[dict], *, masks: int = 32, seed: int = 0,
                   families: Sequence[str] = FAMILIES, batch_size: int = 8, keep: Path | None = None,
                   progress: bool = True) -> list[Instance]:
@@ -118,7 +130,7 @@ def instances_for(model, tokenizer, contexts: Sequence[dict], *, masks: int = 32
     one .npz per context, written whole) and reused by a later run with the same settings."""
     from tqdm.auto import tqdm
 
-    key = json.dumps({"masks": masks, "seed": seed, "families": list(families)}, sort_keys=True)
+    key = _key(masks, seed, families)
     found = []
     for index, context in enumerate(tqdm(contexts, desc="calibration contexts", disable=not progress)):
         inst = _saved(keep, context["id"], key)
