@@ -19,7 +19,9 @@ For block l with attention probabilities alpha^(l,h) (the model's own), the valu
 
 Everything comes from one recorded pass (:func:`normx.methods.decoder.decompose.record_decoder`, whose wiring and
 checks it shares: the attention parts are checked to sum to the module's own output), so every generation step's row
-comes from one pass too.
+comes from one pass too. Memory grows with T: the pass keeps each block's input, attention output, queries and keys
+(no [T, T] probabilities), and the rollout is read backwards from the queries (:func:`alti_logit_rows`); the work
+grows with T^2 per block (every token pair's distance).
 """
 
 from __future__ import annotations
@@ -193,8 +195,9 @@ register_method(Method(
     "(value vectors through the output projection, weighted by the attention), read as an update of the target "
     "logit through the final norm and the head, and traced back to the input tokens through the ALTI contributions "
     "of the blocks before; the score at layer l sums blocks 1..l (the default last layer: all of them), layer 0 is "
-    "zero. Signed, label-dependent; one forward pass with eager attention for every generation step. Causal decoders "
-    "whose blocks DecompX reads (Llama, Mistral, Qwen, Gemma, Phi, OLMo, GPT-2, GPT-NeoX, ...)",
+    "zero. Signed, label-dependent; one forward pass on the model's own attention for every generation step, "
+    "memory linear in the tokens. Causal decoders whose blocks DecompX reads (Llama, Mistral, Qwen, Gemma, Phi, "
+    "OLMo, GPT-2, GPT-NeoX, ...)",
     display="ALTI-Logit", reading="signed", exclusive=True, supports=decoder_reason, query_rows=_rows,
     # its token-pair distances grow as T^2 per block: measured 1.91x a forward for all 32 steps at 64 tokens (SmolLM2)
     cost=lambda tokens, targets, options: 1.1 + tokens / 70))

@@ -2,10 +2,11 @@
 (plus one bias part), propagated through every block and read through the final norm and the head at the query
 positions, for the target columns there.
 
-One recorded forward pass (eager attention, the model's own modules, :func:`record_decoder`) fixes the model's nonlinear
-quantities: each norm's 1 / rms (or 1 / std) of its real input, the attention probabilities (rotary position,
-grouped-query heads, q/k norms, soft-capping and sliding windows all act only through them), the gated MLP's
-act(gate(y)) or a plain MLP's zero-origin slope act(z) / z. Given those, every block is linear in its input
+One recorded forward pass (the model's own modules and attention implementation, :func:`record_decoder`) fixes the
+model's nonlinear quantities: each norm's 1 / rms (or 1 / std) of its real input, the attention probabilities
+(rotary position, grouped-query heads, q/k norms, soft-capping and sliding windows all act only through them; kept
+as each block's queries and keys, made by rows when mixed), the gated MLP's act(gate(y)) or a plain MLP's
+zero-origin slope act(z) / z. Given those, every block is linear in its input
 (:mod:`normx.methods.decoder.linear`), so the parts propagate exactly: at every block the parts sum to the block's own
 output, and at the head to the model's own logits. Both are checked on every pass: a block whose parts do not
 reproduce its output is refused (:class:`~normx.errors.UnsupportedModelError`), and each result reports its

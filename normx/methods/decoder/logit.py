@@ -1,5 +1,6 @@
 """``attention_logit`` (experimental, docs/generation.md "Choosing NormXLogit for generation"): the query position's
-head contracted with what each block's attention moved there from token j, from ONE eager-attention pass.
+head contracted with what each block's attention moved there from token j, from ONE forward pass on the model's own
+attention (rows recomputed at the queries, :mod:`normx.methods.decoder.maps`).
 
 For the prediction read at query q (the pooled token; p - 1 for the generated token at p) with target t, the model's
 logit is z_t = HoT(norm(x_q^L))[t], and x_q^L is x_q^0 plus every block's attention and MLP output at q. Block l's
@@ -97,7 +98,7 @@ register_method(Method(
     NAME, _compute,
     "Experimental (docs/generation.md): the query token's head contracted with what each block's attention moved "
     "from token j to it: sum over blocks 1..l and heads of alpha_(q,j) <W_O v_j, d z_target / d x_q^L>; signed; "
-    "one eager-attention pass. Causal decoders",
+    "one forward pass on the model's own attention. Causal decoders",
     display="Attention-Logit", reading="signed", predicts=True, exclusive=True, options=[AGGREGATE],
     supports=decoder_reason, query_rows=_query_rows, experimental=True,
     cost=lambda tokens, targets, options: 1.3))

@@ -33,8 +33,9 @@ AGGREGATE = Option("aggregate", True, "True: the score at layer l aggregates blo
 _LAYERS = ("Layer l >= 1 reads block l's attention (with aggregate=True, the default, blocks 1..l together: the "
            "default last layer is the aggregate over every block; aggregate=False: block l alone, per-layer curves "
            "with layer='all'); layer 0 is the query token alone. The row of the pooled (last) token, the query the "
-           "prediction is read at; label-independent, unsigned; one forward pass with eager attention. Causal "
-           "decoders (causal LMs and decoder classifiers) whose blocks have a self_attn / attn / attention module")
+           "prediction is read at; label-independent, unsigned; one forward pass on the model's own attention (sdpa), "
+           "its rows recomputed at the query only. Causal decoders (causal LMs and decoder classifiers) whose blocks "
+           "have a self_attn / attn / attention module")
 register_method(Method(
     "attention", _compute("attention"),
     "Attention weights: the mean over heads of each block's attention probabilities alpha^h_(q,j) from the query "
