@@ -264,7 +264,7 @@ class Demo:
         with gr.Row(equal_height=False):
             with gr.Column(scale=5, min_width=380):
                 with gr.Row():
-                    model = gr.Dropdown(choices=models, value=cv.default_model(models), label="Causal LM", scale=2,
+                    model = gr.Dropdown(choices=models, value=cv.default_model(models), label="Causal LM", scale=1,
                                         allow_custom_value=not self.cache.locked, elem_id="normx-ctx-model")
                     method = gr.Dropdown(choices=cv.method_choices(), value=cv.DEFAULT_METHOD, scale=3,
                                          label="Method (and its cost)", elem_id="normx-ctx-method")
@@ -279,7 +279,7 @@ class Demo:
                     ablations = gr.Number(cv.DEFAULT_ABLATIONS, precision=0, minimum=1, elem_id="normx-ctx-ablations",
                                           label="n_ablations (contextcite)")
                     answer_tokens = gr.Slider(1, cv.MAX_ANSWER_TOKENS, value=cv.DEFAULT_ANSWER_TOKENS, step=1,
-                                              label="Answer tokens (greedy)")
+                                              label="Answer tokens (greedy)", elem_id="normx-ctx-answer-tokens")
                 button = gr.Button("Answer and attribute", variant="primary", elem_id="normx-ctx-explain")
                 gr.Examples(examples=cv.EXAMPLES, inputs=[context, query], label="Example (documents, question)")
             with gr.Column(scale=6, min_width=420):

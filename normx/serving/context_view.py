@@ -76,8 +76,7 @@ def context_methods() -> list[str]:
 
 def method_choices() -> list[tuple[str, str]]:
     """The method picker's (label, value) pairs, each label stating the method's cost in forward passes."""
-    costs = {"contextcite": "ablation reference: n_ablations + 1 forward passes",
-             "leave_one_out": "ablation reference: one forward pass per source + 1"}
+    costs = {"contextcite": "reference: n_ablations + 1 passes", "leave_one_out": "reference: 1 pass per source + 1"}
     return [(f"{m} · {costs.get(m, 'one pass')}", m) for m in context_methods()]
 
 

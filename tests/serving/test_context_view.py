@@ -103,7 +103,7 @@ def test_cost_note_and_pickers():
     assert "whole number" in cv.cost_note("contextcite", CONTEXT, "sentences", 2.5)
     labels = dict((value, label) for label, value in cv.method_choices())
     assert list(labels)[-2:] == ["contextcite", "leave_one_out"] and "one pass" in labels["alti_logit"]
-    assert "n_ablations + 1 forward passes" in labels["contextcite"]
+    assert "n_ablations + 1 passes" in labels["contextcite"] and "1 pass per source" in labels["leave_one_out"]
     assert set(cv.context_methods()) <= set(normx.list_methods(response_only=True))
     models = cv.context_models(normx.list_presets())
     assert "smollm2" in models and "minilm-sst2" not in models and cv.default_model(models) == "smollm2"

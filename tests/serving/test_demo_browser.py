@@ -291,3 +291,66 @@ def test_line_break_tokens_are_visible_in_the_browser(browser):
             playwright.expect(page.locator("#normx-prediction")).to_contain_text("the film⏎was")
         finally:
             context.close()
+
+
+def test_context_view_in_the_browser(browser):
+    """The Context tab: paste three sentences and a question, get the answer with the sources highlighted (each
+    source's score on hover) and the top sources; contextcite with a million ablations is refused by the work budget
+    in the page's words, and the view goes on serving."""
+    import tiny
+
+    from normx.serving import server as serving
+
+    cache = serving.ModelCache()
+    cache.put("tiny-lm", *tiny.build("LlamaForCausalLM"))
+    with serve(app.build_demo(cache=cache, default_model="tiny-lm", locked=False)) as address:
+        context = browser.new_context(viewport={"width": 1400, "height": 1000})
+        page = context.new_page()
+        page.set_default_timeout(TIMEOUT_MS)
+        try:
+            page.goto(address, wait_until="domcontentloaded")
+            page.get_by_role("tab", name="Context").click()
+            model = page.locator("#normx-ctx-model input")
+            model.fill("tiny-lm")
+            model.press("Enter")
+            sentences = ["Shot in Oslo.", "It rained.", "We left."]  # the tiny model takes 64 tokens (characters)
+            page.locator("#normx-ctx-documents textarea").fill(" ".join(sentences))
+            page.locator("#normx-ctx-question textarea").fill("Where?")
+            answer_tokens = page.locator("#normx-ctx-answer-tokens input[type=range]")
+            answer_tokens.focus()
+            answer_tokens.press("Home")  # one token
+            for _ in range(3):
+                answer_tokens.press("ArrowRight")
+            page.locator("#normx-ctx-explain").click()
+            answer = page.locator("#normx-ctx-answer")
+            playwright.expect(answer).to_contain_text("Answer (tiny-lm, greedy)", timeout=TIMEOUT_MS)
+            playwright.expect(answer).to_contain_text("alti_logit on 3 sources")
+            units = page.locator("#normx-ctx-view .normx-unit")
+            playwright.expect(units.first).to_be_visible()
+            assert units.all_inner_texts() == sentences
+            titles = [u.get_attribute("title") or "" for u in units.all()]
+            assert all(re.fullmatch(rf"source {k}: [+-]\d.*", t) for k, t in enumerate(titles)), titles
+            assert any("rgba(" in (u.get_attribute("style") or "") for u in units.all())  # coloured by score
+            top = page.locator("#normx-ctx-top")
+            playwright.expect(top).to_contain_text("Top sources")
+            playwright.expect(top.locator("tr")).to_have_count(4)  # the header and the three sources
+
+            method = page.locator("#normx-ctx-method input")
+            method.click()
+            method.fill("contextcite")
+            page.get_by_role("option", name=re.compile("contextcite")).click()
+            playwright.expect(page.get_by_text("about 17 forward passes of the model")).to_be_visible()
+            ablations = page.locator("#normx-ctx-ablations input")
+            ablations.fill("1000000")
+            page.locator("#normx-ctx-explain").click()
+            refusal = page.get_by_text("1,000,000 ablations) needs about").first
+            playwright.expect(refusal).to_be_visible()
+            assert "GFLOP per request" in refusal.inner_text() and "fewer ablations" in refusal.inner_text()
+            ablations.fill("8")
+            page.locator("#normx-ctx-explain").click()
+            playwright.expect(answer).to_contain_text("contextcite on 3 sources")
+            playwright.expect(units.first).to_be_visible()
+            if os.environ.get("NORMX_CONTEXT_SCREENSHOT"):
+                page.screenshot(path=os.environ["NORMX_CONTEXT_SCREENSHOT"], full_page=True)
+        finally:
+            context.close()
