@@ -9,8 +9,8 @@ What the probabilities are made of is read from the model, by transformers' conv
   where it has them (a norm over ``head_dim`` applied per head, one over the whole projection applied before the
   heads are cut, by the size of its weight);
 - rotary position embeddings: the ``position_embeddings`` (cos, sin) the attention module receives, applied by the
-  family's own ``apply_rotary_pos_emb`` (from the module's own source file), on the first ``cos.shape[-1]``
-  features of each head where the rotation is partial (GPT-NeoX, Phi, Phi-3);
+  family's own ``apply_rotary_pos_emb`` (from the module's own source file) on whole heads, or, where it takes only
+  the rotated part (Phi), on the first ``cos.shape[-1]`` features of each head;
 - grouped-query heads: query head h reads key-value head ``h // (heads / kv heads)``, as ``repeat_kv`` does;
 - scaling: the module's ``scaling`` (or ``softmax_scale``), else ``head_dim ** -0.5``; a logit soft-cap
   (``attn_logit_softcapping``: ``cap * tanh(logits / cap)``); attention sinks (a ``sinks`` parameter per head: one
@@ -145,14 +145,18 @@ def _rotated(module: nn.Module, q: torch.Tensor, k: torch.Tensor, embeddings) ->
         return f"{type(module).__name__} receives position embeddings that are not a (cos, sin) pair"
     cos, sin = embeddings
     width = cos.shape[-1]
-    if width > q.shape[-1]:
-        return f"{type(module).__name__}'s rotary embeddings are wider ({width}) than its heads ({q.shape[-1]})"
-    try:
-        q_rot, k_rot = rotate(q[..., :width], k[..., :width], cos, sin)
+    try:  # the family's function on whole heads (it rotates the part its embeddings cover: GPT-NeoX, Phi-3)
+        return rotate(q, k, cos, sin)
     except (TypeError, RuntimeError) as exc:
-        return (f"{type(module).__name__}'s family applies its rotary embeddings in a way this does not read "
-                f"(apply_rotary_pos_emb(q, k, cos, sin): {str(exc).splitlines()[0]})")
-    return (torch.cat([q_rot, q[..., width:]], -1), torch.cat([k_rot, k[..., width:]], -1))
+        failed = exc
+    if width < q.shape[-1]:  # a function that rotates whole heads, given the rotated part only (Phi)
+        try:
+            q_rot, k_rot = rotate(q[..., :width], k[..., :width], cos, sin)
+            return torch.cat([q_rot, q[..., width:]], -1), torch.cat([k_rot, k[..., width:]], -1)
+        except (TypeError, RuntimeError) as exc:
+            failed = exc
+    return (f"{type(module).__name__}'s family applies its rotary embeddings in a way this does not read "
+            f"(apply_rotary_pos_emb(q, k, cos, sin): {str(failed).splitlines()[0]})")
 
 
 def _number(*values) -> float | None:

@@ -20,7 +20,8 @@ from normx.methods.decoder.heads import block_attention
 from normx.models import get_adapter
 from normx.models.attention_scores import read_scores
 
-# (model type, class, config changes): sliding windows shorter than the text, a soft-cap that matters, a clip
+# (model type, class, config changes): sliding windows shorter than the text, a soft-cap that matters, a clip,
+# attention sinks
 FAMILIES = [
     ("llama", "LlamaForCausalLM", {}),
     ("qwen2", "Qwen2ForCausalLM", {"use_sliding_window": True, "sliding_window": 5, "max_window_layers": 0}),
@@ -35,6 +36,7 @@ FAMILIES = [
     ("phi", "PhiForCausalLM", {}),
     ("olmo", "OlmoForCausalLM", {"clip_qkv": 0.3}),
     ("olmo2", "Olmo2ForCausalLM", {}),
+    ("gpt_oss", "GptOssForCausalLM", {"sliding_window": 5}),  # attention sinks, half-width cos / sin
 ]
 IDS = torch.tensor([[5, 17, 90, 33, 41, 8, 120, 77, 64, 12, 300, 9], [7, 250, 31, 16, 44, 99, 21, 3, 0, 0, 0, 0]])
 MASK = (torch.arange(12) < torch.tensor([[12], [8]])).long()
@@ -94,7 +96,7 @@ def test_recomputed_rows_equal_eager_attention(model_type, name, changes):
         np.testing.assert_allclose(mine.numpy(), theirs.float().numpy(), rtol=1e-5, atol=1e-6)
 
 
-SDPA = [family for family in FAMILIES if family[1] not in ("Gemma2ForCausalLM",)]  # Gemma 2 has no sdpa (soft-cap)
+SDPA = [family for family in FAMILIES if family[1] not in ("Gemma2ForCausalLM", "GptOssForCausalLM")]  # eager models
 
 
 @pytest.mark.parametrize(("model_type", "name", "changes"), SDPA, ids=[f[1] for f in SDPA])
