@@ -42,13 +42,18 @@ def add_parser(sub, heavy: bool) -> argparse.ArgumentParser:
     return parser
 
 
-def training_contexts(model, tokenizer, examples, max_new_tokens: int = 12) -> list[dict]:
+def training_contexts(model, tokenizer, examples, max_new_tokens: int = 12, kept: set[str] = frozenset()
+                      ) -> list[dict]:
     """Each example as the calibration reads it (the evaluation's own prompt, sources and greedy answer:
-    :func:`normx.evaluation.context.readings.prepare`): ``{"id", "ids", "prompt_length", "spans"}``."""
+    :func:`normx.evaluation.context.readings.prepare`): ``{"id", "ids", "prompt_length", "spans"}``; only
+    ``{"id"}`` for the ids in ``kept`` (their instances are kept already: no answer generated again)."""
     from normx.evaluation.context.readings import prepare
 
     found = []
     for example in examples:
+        if example.id in kept:
+            found.append({"id": example.id})
+            continue
         prepared = prepare(model, tokenizer, example, max_new_tokens)
         found.append({"id": example.id, "ids": prepared.ids, "prompt_length": prepared.prompt_length,
                       "spans": [tuple(span) for span in prepared.spans]})
@@ -82,12 +87,15 @@ def run(args) -> int:
     kinds, families = check(args)  # before the model loads
     examples = context_examples(kinds, "train", args.length, args.contexts, args.seed, args.data)
     model, tokenizer = load(args)
-    contexts = training_contexts(model, tokenizer, examples, args.max_new_tokens)
+    keep = Path(args.keep) if args.keep else None
+    kept = set() if keep is None else {inst.id for inst in training.kept_instances(
+        keep, [e.id for e in examples], masks=args.masks, seed=args.seed, families=families)}
+    contexts = training_contexts(model, tokenizer, examples, args.max_new_tokens, kept)
     instances = training.instances_for(model, tokenizer, contexts, masks=args.masks, seed=args.seed,
-                                       families=families, keep=Path(args.keep) if args.keep else None)
+                                       families=families, keep=keep)
     described = {"data": "normx.data.contexts", "split": "train", "kinds": kinds, "length": args.length,
                  "seed": args.seed, "max_new_tokens": args.max_new_tokens,
-                 "ids": [c["id"] for c in contexts]}
+                 "ids": [inst.id for inst in instances]}
     record, choice = training.fitted_record(model, instances, families, folds=args.folds, training=described)
     print(f"chosen: {'+'.join(choice.families)}, lambda {choice.lam:g}, scaling {choice.scaling}; cross-validated "
           f"LDS on the training contexts {choice.cv_lds:.3f} ({len(instances)} contexts x {args.masks} masks)")

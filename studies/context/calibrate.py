@@ -75,7 +75,9 @@ def fit_weights(args, model, tokenizer, kinds, families, data, argv) -> None:
         instances = training.kept_instances(args.out / "train", [e.id for e in examples], masks=args.masks,
                                             families=families)
     else:
-        contexts = training_contexts(model, tokenizer, examples)
+        kept = {inst.id for inst in training.kept_instances(args.out / "train", [e.id for e in examples],
+                                                             masks=args.masks, families=families)}
+        contexts = training_contexts(model, tokenizer, examples, kept=kept)
         instances = training.instances_for(model, tokenizer, contexts, masks=args.masks, families=families,
                                            keep=args.out / "train")
     described = {"data": "normx.data.contexts", "split": "train", "kinds": kinds, "length": args.length, "seed": 0,
