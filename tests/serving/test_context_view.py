@@ -166,6 +166,9 @@ def test_the_demo_handler_and_its_errors(cache):
     locked = app.Demo(serving.ModelCache(locked=True, allowed=["smollm2"]))
     with pytest.raises(gr.Error, match="serves only its own models"):
         app._guard(locked.cite)("/etc/passwd", CONTEXT, QUERY, "sentences", "attention", 16, 3)
+    blocks = app.build_demo(locked=True, models=["minilm-sst2", "smollm2"])  # the Space: its causal LMs only
+    picker, = [b for b in blocks.blocks.values() if isinstance(b, gr.Dropdown) and b.label == "Causal LM"]
+    assert picker.allow_custom_value is False and [v for _, v in picker.choices] == ["smollm2"]
 
 
 @pytest.mark.slow
