@@ -39,7 +39,8 @@ from normx.methods.registry import Method, register_method
 from normx.models.projections import affine
 
 METHOD = "ALTI-Logit"
-_ROWS = 2**21  # about this many floats in one [rows, keys, hidden] block of T (cache-sized)
+_ROWS = 2**24  # at most this many floats in one [rows, keys, hidden] chunk of T (64 MiB: rows share each read of f)
+_MOST_ROWS = 64  # and at most this many rows (so a chunk grows with T, never with T^2)
 
 
 def _mixed(rec: DecoderRecording, i: int, row: int, n: int) -> torch.Tensor:
@@ -76,7 +77,7 @@ def _times_contributions(rec: DecoderRecording, i: int, row: int, n: int, f: tor
     x = rec.block_in[i][row, :n].float()
     own = rec.attention_out[i][row, :n].float()
     out = torch.zeros_like(vectors)
-    step = max(1, _ROWS // max(1, n * x.shape[-1]))
+    step = max(1, min(_MOST_ROWS, _ROWS // max(1, n * x.shape[-1])))
     bias = None
     worst = 0.0
     for start in range(0, n, step):
@@ -113,7 +114,7 @@ def _deltas(rec: DecoderRecording, i: int, row: int, n: int, f: torch.Tensor, po
     probs = torch.cat([rec.probs[i].rows(row, q, q + 1, n) for q in queries], 1).float()  # [H, Q, n]
     scale = rec.blocks[i].residual_scale
     out = torch.zeros((len(queries), n), device=f.device)
-    step = max(1, _ROWS // max(1, len(queries) * f.shape[-1]))
+    step = max(1, min(_MOST_ROWS, _ROWS // max(1, len(queries) * f.shape[-1])))
     for start in range(0, n, step):
         keys = slice(start, min(n, start + step))
         parts = torch.einsum("hqj,jho->qjo", probs[:, :, keys], f[keys])
