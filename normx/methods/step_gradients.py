@@ -93,20 +93,27 @@ class _Sequence:
         self.targets = self.ids[0, ctx.prompt_length:]  # [n]
         self.embeds = word_embeddings(self.model, self.adapter, self.ids)  # [1, T, H]
 
-    def logits(self, embeds: torch.Tensor, rules: Callable | None = None, columns: bool = False) -> torch.Tensor:
-        """The head at the steps' positions of a forward pass from ``embeds`` [R, T, H]: [R, n, V] (``columns``:
-        only each step's own target column, [R, n])."""
+    def hidden(self, embeds: torch.Tensor, rules: Callable | None = None) -> torch.Tensor:
+        """What the head reads at the steps' positions in a forward pass from ``embeds`` [R, T, H]: [R * n, H]."""
         mask = torch.ones(embeds.shape[:2], dtype=torch.long, device=embeds.device)
         with rules(self.model, mask) if rules is not None else nullcontext():
             hidden = output_tensor(self.model.base_model(inputs_embeds=embeds, attention_mask=mask,
                                                          **self.adapter.forward_kwargs))
-        rows, n = embeds.shape[0], self.where.shape[0]
-        at = hidden[:, self.where].reshape(rows * n, -1)
-        if not columns:
-            return self.adapter.head(self.model, at, None).reshape(rows, n, -1)
+        return hidden[:, self.where].reshape(embeds.shape[0] * self.where.shape[0], -1)
+
+    def logits(self, at: torch.Tensor) -> torch.Tensor:
+        """The whole head [R, n, V] on ``at`` [R * n, H], without a graph (read, not differentiated)."""
+        with torch.no_grad():
+            out = self.adapter.head(self.model, at.detach(), None)
+        return out.reshape(-1, self.where.shape[0], out.shape[-1])
+
+    def targets_logit(self, at: torch.Tensor) -> torch.Tensor:
+        """Each step's own target logit [R, n] from ``at`` [R * n, H]: the head run at the targets' columns only, so
+        that no backward pass carries a gradient over the whole vocabulary."""
+        n = self.where.shape[0]
         vocab, index = torch.unique(self.targets, return_inverse=True)
-        out = self.adapter.head(self.model, at, vocab).reshape(rows, n, -1)  # [R, n, distinct targets]
-        return out.gather(2, index.expand(rows, -1)[:, :, None])[:, :, 0]
+        out = self.adapter.head(self.model, at, vocab).reshape(-1, n, vocab.shape[0])  # [R, n, distinct targets]
+        return out.gather(2, index.expand(out.shape[0], -1)[:, :, None])[:, :, 0]
 
     def step_gradients(self, outputs: torch.Tensor, leaf: torch.Tensor, weights: torch.Tensor | None = None):
         """Yield ``(first step, gradients [m, T, H] float32)`` for batches of steps: the gradient of
@@ -152,8 +159,9 @@ def gradient_steps(product: bool, rules: Callable | None = None, check: Callable
         how = "sum" if relevance else ctx.options.get("aggregation", "l1")
         with ctx.handle.using(), torch.enable_grad():
             leaf = seq.embeds.detach().requires_grad_(True)
-            logits = seq.logits(leaf, rules)[0]  # [n, V]
-            outputs = logits.gather(1, seq.targets[:, None])[:, 0][None]  # [1, n]
+            at = seq.hidden(leaf, rules)
+            outputs = seq.targets_logit(at)  # [1, n]
+            logits = seq.logits(at)[0]  # [n, V]
             rows = _rows(lambda _, g: aggregate(g * embedding if product else g, how), seq, outputs, leaf)
         diagnostics = {}
         if relevance:
@@ -162,7 +170,7 @@ def gradient_steps(product: bool, rules: Callable | None = None, check: Callable
             diagnostics = {"relevance_sum": total.tolist(),
                            "conservation": np.where(explained != 0, total / np.where(explained != 0, explained, 1),
                                                     np.nan).tolist()}
-        return ResponseRows(rows=rows, logits=logits.detach().float(), diagnostics=diagnostics)
+        return ResponseRows(rows=rows, logits=logits.float(), diagnostics=diagnostics)
 
     return compute
 
@@ -197,12 +205,12 @@ def integrated_gradients_steps(ctx: ResponseContext) -> ResponseRows:
             points = (start_point + alpha.view(-1, 1, 1) * diff[0]).to(embeds.dtype)  # [R, T, H]
             with torch.enable_grad():
                 leaf = points.detach().requires_grad_(True)
-                outputs = seq.logits(leaf, columns=True)  # [R, n]
+                outputs = seq.targets_logit(seq.hidden(leaf))  # [R, n]
                 for start, grads in seq.step_gradients(outputs, leaf, weight):
                     total[start:start + grads.shape[0]] += grads.cpu().numpy()
             del leaf, outputs
         with torch.no_grad():
-            ends = seq.logits(torch.cat([embeds, baseline]))  # [2, n, V]: the input, the baseline
+            ends = seq.logits(seq.hidden(torch.cat([embeds, baseline])))  # [2, n, V]: the input, the baseline
     attributions = torch.from_numpy(total) * diff[0].cpu()  # [n, T, H]
     # a step's attributions are its prefix's: positions from its own token on do not reach its logit (zero)
     for t in range(n):
