@@ -122,8 +122,8 @@ def check_request(context, query, sources, method, n_ablations, answer_tokens) -
     whole = {}
     for name, value, top in (("n_ablations", n_ablations, MAX_ABLATIONS), ("answer tokens", answer_tokens,
                                                                            MAX_ANSWER_TOKENS)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Real) or value != int(value) \
-                or not 1 <= value <= top:
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 1 <= value <= top \
+                or value != int(value):  # the range first: NaN and infinity are refused before int()
             raise errors.InvalidInputError(f"{name} must be a whole number from 1 to {top:,}, got {excerpt(value)}")
         whole[name] = int(value)
     return context, query.strip(), whole["n_ablations"], whole["answer tokens"]

@@ -122,6 +122,8 @@ def test_cost_note_and_pickers():
     ({"n_ablations": 2.5}, "n_ablations must be a whole number"),
     ({"n_ablations": "16"}, "n_ablations must be a whole number"),
     ({"n_ablations": True}, "n_ablations must be a whole number"),
+    ({"n_ablations": float("nan")}, "n_ablations must be a whole number.*got nan"),
+    ({"answer_tokens": float("inf")}, "answer tokens must be a whole number"),
     ({"answer_tokens": 65}, "answer tokens must be a whole number from 1 to 64"),
     ({"model_name": "tiny-bert"}, "needs a causal LM.*sequence classification head"),
     ({"context": "word " * 1500}, "a prompt of [\\d,]+ tokens; this demo takes at most"),
