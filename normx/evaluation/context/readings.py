@@ -74,7 +74,7 @@ def prepare(model, tokenizer, example, max_new_tokens: int = 12, response: Seque
     start = text.find(prompt)
     if start < 0:
         raise InvalidInputError("the chat template changed the prompt's text; its sources cannot be found in it")
-    spans, at, sep = [], start + len("Context: "), example.separator()
+    spans, at, sep = [], start + prompt.index(example.context()), example.separator()
     for source in example.sources:
         first, last = at, at + len(source)
         inside = [i for i, (a, b) in enumerate(offsets) if b > a and first <= b - 1 < last]
@@ -85,13 +85,14 @@ def prepare(model, tokenizer, example, max_new_tokens: int = 12, response: Seque
     if response is None:
         handle = model_handle(model)
         inputs = torch.tensor([ids], device=handle.device)
-        ends = {tokenizer.eos_token_id, *([tokenizer.convert_tokens_to_ids("<|im_end|>")]
-                                          if "<|im_end|>" in tokenizer.get_vocab() else [])}
+        configured = getattr(getattr(handle.model, "generation_config", None), "eos_token_id", None)
+        ends = {tokenizer.eos_token_id, *(configured if isinstance(configured, list) else [configured])} - {None}
         with handle.using(), torch.no_grad():
             out = handle.model.generate(input_ids=inputs, attention_mask=torch.ones_like(inputs),
                                         max_new_tokens=max_new_tokens, do_sample=False,
-                                        pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id)
-        response = [t for t in out[0, len(ids):].tolist()]
+                                        pad_token_id=tokenizer.eos_token_id if tokenizer.pad_token_id is None
+                                        else tokenizer.pad_token_id)
+        response = out[0, len(ids):].tolist()
         while response and response[-1] in ends:
             response.pop()
     response = [int(t) for t in response]
