@@ -40,6 +40,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--methods", default=",".join(HELD_OUT), help="the held-out readings")
     parser.add_argument("--ship", action="store_true", help="write the smollm2 preset's shipped weights")
     parser.add_argument("--store", action="store_true", help="store the weights in normx's cache")
+    parser.add_argument("--weights", type=Path, default=None, help="the held-out reading's weights file (default "
+                        "OUT/weights.json)")
+    parser.add_argument("--label", default="calibrated_attention", help="the held-out reading's name (to read "
+                        "several fits side by side)")
     parser.add_argument("--phase", default="all", choices=("all", "train", "fit", "heldout"),
                         help="train: fit only; fit: fit on the training contexts already kept in OUT/train (no "
                         "model pass); "
@@ -108,10 +112,11 @@ def held_out(args, model, tokenizer, kinds, data, argv) -> None:
     from normx.evaluation.context import evaluate_context
 
     heldout = context_examples(kinds, "heldout", args.length, args.heldout, 0, data)
-    methods = [m for m in args.methods.split(",") if m]
-    if not (args.out / "weights.json").is_file():
-        methods = [m for m in methods if m != "calibrated_attention"]
-    options = {"calibrated_attention": {"method": "calibrated_attention", "weights": str(args.out / "weights.json")}}
+    weights = args.weights or args.out / "weights.json"
+    methods = [args.label if m == "calibrated_attention" else m for m in args.methods.split(",") if m]
+    if not weights.is_file():
+        methods = [m for m in methods if m != args.label]
+    options = {args.label: {"method": "calibrated_attention", "weights": str(weights)}}
     report = evaluate_context(model, tokenizer, heldout, methods, method_options=options, masks=args.lds_masks,
                               out=args.out / "heldout",
                               settings={"model": args.model, "length": args.length, "kinds": kinds})
