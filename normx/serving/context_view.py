@@ -165,6 +165,8 @@ def context_request(cache, model_name: str, context: str, query: str, sources: s
             f"{adapter.kind.value.replace('_', ' ')} head (pick {DEFAULT_MODEL})")
     if (why := get_method(method).unsupported(model)) is not None:
         raise errors.UnsupportedModelError(f"{method} cannot explain {excerpt(model_name)}: {why}")
+    if method == "calibrated_attention":
+        _check_calibrated(model, model_name)
     count = len(split_text(context, sources))
     chat = bool(getattr(tokenizer, "chat_template", None))
     tokens = prompt_tokens(tokenizer, context, query, chat)
@@ -187,6 +189,17 @@ def context_request(cache, model_name: str, context: str, query: str, sources: s
         loading(0, desc=f"{method}: about {passes:,.0f} forward passes' work")
     result = run() if gate is None else gate.run(gflop, run, what, heavy=expensive(method), advice=ADVICE)
     return ContextState(model_name, result, passes, gflop, chat, time.perf_counter() - started)
+
+
+def _check_calibrated(model, model_name: str) -> None:
+    """The calibrated method's weights for ``model`` exist, else a refusal that names no folder of the server."""
+    from normx.methods.calibrated import weights
+
+    try:
+        weights.find(model, "calibrated_attention")
+    except errors.InvalidInputError:
+        raise errors.InvalidInputError(f"calibrated_attention has no weights fitted to {excerpt(model_name)} on this "
+                                       "server (`normx calibrate` fits them); choose another method") from None
 
 
 def cost_note(method, context, sources, n_ablations) -> str:

@@ -126,6 +126,8 @@ def test_cost_note_and_pickers():
     ({"answer_tokens": float("inf")}, "answer tokens must be a whole number"),
     ({"answer_tokens": 65}, "answer tokens must be a whole number from 1 to 64"),
     ({"model_name": "tiny-bert"}, "needs a causal LM.*sequence classification head"),
+    ({"method": "calibrated_attention"}, "^calibrated_attention has no weights fitted to 'tiny-lm' on this server "
+                                         r"\(`normx calibrate` fits them\); choose another method$"),  # no path
     ({"context": "word " * 1500}, "a prompt of [\\d,]+ tokens; this demo takes at most"),
 ])
 def test_bad_requests_are_refused_in_words(cache, explained, change, message):
