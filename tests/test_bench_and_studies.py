@@ -103,3 +103,13 @@ def test_lint_passes_on_bench_and_studies():
     done = subprocess.run([sys.executable, "-m", "ruff", "check", "bench", "studies"], cwd=ROOT, capture_output=True,
                           text=True)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-1000:]
+
+
+def test_test_files_have_unique_names_across_tests_and_bench():
+    """pytest imports tests/ and bench/ test files as top-level modules (no __init__.py): two files of one name stop
+    the whole run at collection ("import file mismatch")."""
+    seen: dict[str, list[str]] = {}
+    for folder in (ROOT / "tests", BENCH):
+        for file in folder.rglob("test_*.py"):
+            seen.setdefault(file.name, []).append(str(file.relative_to(ROOT)))
+    assert not {name: paths for name, paths in seen.items() if len(paths) > 1}
