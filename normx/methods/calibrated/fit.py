@@ -31,7 +31,7 @@ import numpy as np
 
 from normx.errors import InvalidInputError
 
-LAMBDAS = (1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0)
+LAMBDAS = (1e-3, 1e-2, 1e-1, 1.0, 10.0, 100.0, 1000.0)
 SCALINGS = ("logprob", "spread")
 
 

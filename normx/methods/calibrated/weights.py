@@ -79,6 +79,7 @@ def write(record: dict, path: Path) -> Path:
             out.write(text)
             out.flush()
             os.fsync(out.fileno())
+        os.chmod(temp, 0o644)  # mkstemp's 0600 would hide a shipped or shared file from other users
         os.replace(temp, path)
     except BaseException:
         Path(temp).unlink(missing_ok=True)
