@@ -5,6 +5,7 @@ passes, ablations included, and refuses before the model writes), its checks of 
 
 from __future__ import annotations
 
+import copy
 import re
 
 import numpy as np
@@ -146,6 +147,7 @@ def test_locked_mode_loads_only_its_models(cache):
 
 def test_the_prompt_length_counts_the_chat_template():
     model, tok = tiny.build("LlamaForCausalLM", fresh=True)
+    tok = copy.deepcopy(tok)  # tiny's tokenizers are shared: the chat template stays on this copy
     tok.chat_template = "{% for m in messages %}<|user|>\n{{ m['content'] }}\n{% endfor %}<|assistant|>\n"
     cache = serving.ModelCache()
     cache.put("chat-lm", model, tok)
