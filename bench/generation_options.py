@@ -21,7 +21,7 @@ CARD_GB = 48  # the design card's GPU memory
 CPU_BUDGET_GB = 4.0
 CPU_CAP, GPU_CAP, SMOKE_CAP = 8, 256, 2
 CPU_SEARCH_SECONDS = 30.0
-SMOKE_LONG_LENGTHS = (512, 1024, 2048)  # the long-context row's smoke run: the tiny Llama at these lengths
+SMOKE_LONG_LENGTHS = (256, 512, 1024)  # the long-context row's smoke run: the tiny Llama at these lengths
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import report_lengths
+from report_lengths import commit_ids
 
 START, END = "<!-- bench:start -->", "<!-- bench:end -->"
 METHOD_ORDER = ("forward", "normxlogit", "logat_all", "l2norm", "gradient_norm", "gradient_x_input",
@@ -57,8 +58,16 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return lines
 
 
-def load(path: Path) -> dict:
-    return json.loads(path.read_text())
+def load(*paths: Path) -> dict:
+    """One pytest-benchmark JSON, or several runs as one: their benchmarks together, the first's date, every
+    commit named (in order, once each)."""
+    runs = [json.loads(path.read_text()) for path in paths]
+    data = dict(runs[0], benchmarks=[b for run in runs for b in run["benchmarks"]])
+    commits = list(dict.fromkeys(str(run.get("commit_info", {}).get("id", "?"))[:10] for run in runs))
+    if len(commits) > 1:
+        dirty = any(run.get("commit_info", {}).get("dirty") for run in runs)
+        data["commit_info"] = {"id": ", ".join(commits), "dirty": dirty}
+    return data
 
 
 def _suite_entries(data: dict) -> list[dict]:
@@ -71,7 +80,7 @@ def _describe(data: dict, entries: list[dict]) -> list[str]:
     info = entries[0]["extra_info"] if entries else {}
     commit = data.get("commit_info", {})
     lines = [f"Measured {data.get('datetime', '?')[:19]} on {info.get('device', '?')}, dtype {info.get('dtype', '?')}, "
-             f"timer `{info.get('timer', '?')}`, commit {str(commit.get('id', '?'))[:10]}"
+             f"timer `{info.get('timer', '?')}`, commit {commit_ids(commit)}"
              f"{' (dirty tree)' if commit.get('dirty') else ''}."]
     rounds = sorted({e["stats"]["rounds"] for e in entries})
     shown = f"{rounds[0]}–{rounds[-1]}" if len(rounds) > 2 else ", ".join(map(str, rounds))
@@ -260,7 +269,8 @@ def write_blocks(path: Path, blocks: list[tuple[str, str, str]], append: bool = 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("json", type=Path, help="pytest-benchmark JSON (--benchmark-json)")
+    parser.add_argument("json", type=Path, nargs="+", help="pytest-benchmark JSON (--benchmark-json); several: "
+                                                           "one report of their runs together")
     parser.add_argument("-o", "--output", type=Path, help="write the markdown here (default: print it)")
     parser.add_argument("--readme", type=Path, help="also replace the bench blocks of this README")
     parser.add_argument("--docs", type=Path, action="append", default=[],
@@ -268,7 +278,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--command", help="the command that produced the JSON, shown above the tables")
     parser.add_argument("--note", help="a remark shown above the tables (e.g. how long the run took)")
     args = parser.parse_args(argv)
-    data = load(args.json)
+    data = load(*args.json)
     full, readme = [], []  # (start, end, markdown) of the blocks this JSON has results for
     if _suite_entries(data):
         full.append((START, END, render(data, args.command, note=args.note)))

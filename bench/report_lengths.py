@@ -15,6 +15,11 @@ METHOD_ORDER = ("forward", "normxlogit", "norm_attention", "attention", "alti_lo
                 "random")
 
 
+def commit_ids(commit: dict) -> str:
+    """The run's commit (several runs: each), 10 characters each."""
+    return ", ".join(c[:10] for c in str(commit.get("id", "?")).split(", "))
+
+
 def _time(seconds: float | None) -> str:
     if seconds is None:
         return "–"
@@ -133,7 +138,7 @@ def render(data: dict, command: str | None = None, note: str | None = None, leve
     lines = ["#" * level + " Generation across lengths", "",
              f"Measured {data.get('datetime', '?')[:19]} on {first.get('device', '?')}, dtype "
              f"{first.get('dtype', '?')}, timer `{first.get('timer', '?')}`, commit "
-             f"{str(commit.get('id', '?'))[:10]}{' (dirty tree)' if commit.get('dirty') else ''}. Each case in a "
+             f"{commit_ids(commit)}{' (dirty tree)' if commit.get('dirty') else ''}. Each case in a "
              "fresh process (bench/length_worker.py); memory: CPU working memory above the loaded model (VmHWM), "
              "CUDA `torch.cuda.max_memory_allocated`.", ""]
     if command:

@@ -11,7 +11,7 @@ Every case runs in a fresh process (bench/length_worker.py): its figures are in 
 worker (model load and warm-up included). bench/report.py makes the tables from the JSON.
 
 With benchmarks disabled (the default test run) the same path runs on a tiny Llama at 64 and 128 tokens (the
-long-context row at 512, 1,024 and 2,048), every result is checked, and the all-steps rows of each method equal its
+long-context row at 256, 512 and 1,024), every result is checked, and the all-steps rows of each method equal its
 rows when each step is explained alone.
 """
 
@@ -100,7 +100,7 @@ def test_generation_length(benchmark, generation_case, gen_settings, gen_measure
 
 def test_long_context_memory_grows_linearly(benchmark, long_methods, gen_settings):
     """Peak memory of the linear methods (and the forward) on the tiny long Llama at 8k, 16k and 32k tokens (smoke
-    run: 512, 1,024, 2,048): the longest over the one before it at most GROWTH_LIMIT (2 for linear growth, plus
+    run: 256, 512, 1,024): the longest over the one before it at most GROWTH_LIMIT (2 for linear growth, plus
     slack for fixed costs; quadratic attention scores would give ~4)."""
     s = gen_settings
     lengths = list(s.long_lengths)

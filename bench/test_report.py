@@ -127,3 +127,15 @@ def test_each_part_of_the_suite_replaces_its_own_block(tmp_path):
     assert "old classification" not in content and "### Benchmark results" in content and "after" in content
     assert "### Generation across" in content  # kept
     assert "## Benchmark results" in written and "## Generation across lengths" in written
+
+
+def test_several_runs_make_one_report(tmp_path):
+    first, second = _generation_data(), _data()
+    second["commit_info"] = {"id": "def4567890abc", "dirty": True}
+    paths = [tmp_path / "a.json", tmp_path / "b.json"]
+    for path, data in zip(paths, (first, second)):
+        path.write_text(json.dumps(data))
+    merged = report.load(*paths)
+    assert len(merged["benchmarks"]) == len(first["benchmarks"]) + len(second["benchmarks"])
+    assert merged["commit_info"] == {"id": "abc, def4567890", "dirty": True}
+    assert "commit abc, def4567890 (dirty tree)" in report_lengths.render(merged)
