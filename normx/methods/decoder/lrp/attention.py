@@ -7,7 +7,7 @@ module, and the module's ``scaling``:
 
     q' = rope(q), k' = rope(k)            rotate_half, on the first cos.shape[-1] dimensions (all, or a partial rotary;
                                           none in a layer whose attention has use_rope = 0, SmolLM3's NoPE layers)
-    A = softmax(q' k'^T * scaling + mask)   in float32, cast back, as transformers' eager attention (for the check)
+    A = softmax(q' k'^T * scaling + mask)   in float32, cast back, as transformers' eager attention
     out = W_O((A v) per head, heads concatenated)   the output projection
 
 Rules, as LXT 2.1's efficient AttnLRP: the gradient at q' and k' is divided by 4 and at v by 2 (the uniform rule
@@ -15,14 +15,15 @@ for the products q'k'^T and A v; LXT's factors), the softmax keeps its own gradi
 Gradient×Input), and key-value heads are repeated for grouped-query attention as ``repeat_kv`` does. The mask is the
 one the block gave its attention (a causal one where it gave none).
 
-The probabilities are computed without autograd for the check and let go; the differentiated A v is
-``torch.nn.functional.scaled_dot_product_attention`` on the same q', k', v', mask and scaling, whose backward pass is
+The model runs its own attention (sdpa, or eager). The differentiated A v is
+``torch.nn.functional.scaled_dot_product_attention`` on q', k', v', the mask and the scaling, whose backward pass is
 the softmax's own gradient with nothing kept per query and key (on CPU its fused kernel keeps no T x T tensor, so a
-pass's memory grows with T, not T^2: LXT's eager attention keeps each block's probabilities).
+pass's memory grows with T, not T^2; LXT's eager attention keeps each block's probabilities).
 
-Checked on every pass, at the real (non-padding) query rows: the recomputed probabilities equal the module's own
-(eager attention returns them) and the recomputed output equals the module's own output; a model that fails either
-(attention sinks, soft-capped scores, another rotary layout, a gated output, ...) is refused with
+Checked on every pass, at the real (non-padding) query rows: the recomputed output equals the module's own output,
+and where the module returns its probabilities (eager attention) the recomputed probabilities equal them (computed
+without autograd, ``CHECK_ROWS`` query rows at a time, and let go); a model that fails (attention sinks,
+soft-capped scores, another rotary layout, a gated output, ...) is refused with
 :class:`~normx.errors.UnsupportedModelError`. The module's output is then replaced by its own value with the
 recomputation's gradient (:func:`~normx.methods.decoder.lrp.rules.with_backward`).
 """
@@ -38,6 +39,7 @@ from normx.methods.numerics import off_by, tolerance
 
 QUERY_KEY_FACTOR = 4  # LXT 2.1 (lxt/efficient/patches.py, wrap_attention_forward): query and key gradients / 4
 VALUE_FACTOR = 2  # ... and value gradients / 2
+CHECK_ROWS = 128  # query rows per block of the probability check (its transient memory: heads x 128 x T floats)
 
 
 def _heads(x: torch.Tensor, head_dim: int) -> torch.Tensor:
@@ -62,7 +64,8 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
 
 
 def _mask(kwargs: dict, length: int, scores: torch.Tensor) -> torch.Tensor:
-    """The additive mask [B or 1, 1, T, T] the block gave its attention; a causal one where it gave none."""
+    """The additive mask [B or 1, 1, T, T] the block gave its attention; a causal one where it gave none (in the dtype
+    and on the device of ``scores``)."""
     mask = kwargs.get("attention_mask")
     if isinstance(mask, torch.Tensor) and mask.dim() == 4:
         mask = mask[:, :, :, :length]
@@ -111,8 +114,10 @@ def attention_with_rules(part: BlockParts, q: torch.Tensor, k: torch.Tensor, v: 
     own = output_tensor(output)
     probs = output[1] if isinstance(output, (tuple, list)) and len(output) > 1 else None
     length = own.shape[1]
-    if not isinstance(probs, torch.Tensor) or probs.dim() != 4 or probs.shape[-2:] != (length, length):
-        raise _refuse(method, part, "with eager attention the module returned no [batch, heads, T, T] probabilities")
+    if probs is not None and (not isinstance(probs, torch.Tensor) or probs.dim() != 4
+                              or probs.shape[-2:] != (length, length)):
+        raise _refuse(method, part, "the module returned attention weights that are not [batch, heads, T, T] "
+                                    "probabilities")
     cos, sin = _position_embeddings(args, kwargs, method, part)
     d = part.head_dim
     query, key, value = _heads(q, d), _heads(k, d), _heads(v, d)
@@ -128,12 +133,15 @@ def attention_with_rules(part: BlockParts, q: torch.Tensor, k: torch.Tensor, v: 
     if heads != groups:  # grouped-query attention: key-value head g serves query heads g * n .. g * n + n - 1
         key = key.repeat_interleave(heads // groups, dim=1)
         value = value.repeat_interleave(heads // groups, dim=1)
-    with torch.no_grad():  # the probabilities, checked and let go: the backward pass keeps no T x T tensor
-        scores = torch.matmul(query, key.transpose(2, 3)) * part.scaling
-        mask = _mask(kwargs, length, scores)
-        weights = torch.softmax(scores + mask, dim=-1, dtype=torch.float32).to(query.dtype)
-        _check(weights, probs, rows, "attention probabilities", method, part, absolute=True)
-        del scores, weights
+    mask = _mask(kwargs, length, query)
+    if probs is not None:  # (eager attention returns them) checked a block of query rows at a time, and let go
+        with torch.no_grad():
+            for start in range(0, length, CHECK_ROWS):
+                end = min(length, start + CHECK_ROWS)
+                scores = torch.matmul(query[:, :, start:end], key.transpose(2, 3)) * part.scaling
+                weights = torch.softmax(scores + mask[..., start:end, :], dim=-1, dtype=torch.float32)
+                _check(weights.to(query.dtype), probs[:, :, start:end], rows[:, start:end],
+                       "attention probabilities", method, part, absolute=True)
     # the same softmax(q' k'^T * scaling + mask) v, differentiated by the fused kernel (its own backward pass: the
     # softmax's gradient, nothing stored per query and key)
     mixed = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask.to(query.dtype),

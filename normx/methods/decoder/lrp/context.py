@@ -1,8 +1,8 @@
 """One context manager puts AttnLRP's rules on a decoder's backward pass, for the forward passes this thread runs
 inside it, with the model's own modules and nothing patched.
 
-Inside :func:`attnlrp_rules` the model holds eager attention under its exclusive lock
-(:func:`normx.core.concurrency.attention_weights`), and thread-scoped forward hooks (:func:`normx.core.hooks.hooked`)
+Inside :func:`attnlrp_rules` the model runs with its own attention implementation in eval mode
+(:func:`normx.core.concurrency.using`), and thread-scoped forward hooks (:func:`normx.core.hooks.hooked`)
 replace module outputs by values equal to them in the forward direction whose gradient is the rule's
 (:mod:`normx.methods.decoder.lrp.rules`):
 
@@ -18,8 +18,8 @@ replace module outputs by values equal to them in the forward direction whose gr
 Linear layers, the residual additions, the embeddings and the head keep their own gradient (Gradient×Input there is
 LRP's epsilon rule with zero epsilon, biases absorbing their share). A check that fails raises
 :class:`~normx.errors.UnsupportedModelError` from inside the forward pass; the hooks and the attention setting are
-restored on the way out. Another thread's passes through the same modules run the hooks as no-ops: they get the
-model's plain gradients (with eager attention while this one holds the model).
+removed on the way out. Another thread's passes through the same modules run the hooks as no-ops: they get the
+model's plain gradients.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from normx._torch import nn, torch
-from normx.core.concurrency import attention_weights
+from normx.core.concurrency import using
 from normx.core.hooks import hooked, output_tensor
 from normx.errors import UnsupportedModelError
 from normx.methods.decoder.lrp.attention import attention_with_rules
@@ -159,10 +159,10 @@ class _Rules:
 def attnlrp_rules(model: nn.Module, mask: torch.Tensor, method: str = "attnlrp") -> Iterator[None]:
     """Forward passes of ``model`` run in this thread inside the ``with`` block compute the model's own values, and
     their backward pass is AttnLRP's (input × gradient = relevance). ``mask`` [B, T]: the batch's attention mask,
-    whose real tokens are the query rows the attention recomputation is checked at. Holds the model exclusively
-    with eager attention (backward passes after the block need neither). :class:`UnsupportedModelError` for a
-    model whose parts are missing or compute differently."""
+    whose real tokens are the query rows the attention recomputation is checked at. The model runs in eval mode
+    with its own attention implementation (no T x T probabilities unless it is eager).
+    :class:`UnsupportedModelError` for a model whose parts are missing or compute differently."""
     base = unwrap_model(model)
     rules = _Rules(base, mask.bool(), method)
-    with attention_weights(base), hooked(rules.modules, rules):
+    with using(base), hooked(rules.modules, rules):
         yield

@@ -81,7 +81,7 @@ register_method(Method(
     "attention's matrix products, softmax rule); each pass checks that the rules' recomputations equal the model's "
     "own modules. Reports relevance_sum and conservation (relevance_sum / the explained logit). Causal decoders "
     "(causal LMs and decoder classifiers) of the Llama, Mistral, Qwen2/3, Gemma 1/3, Granite, OLMo 2/3, Seed-OSS, "
-    "SmolLM3 and StableLM families; one forward pass with eager attention, one backward pass per target",
+    "SmolLM3 and StableLM families; one forward pass with the model's own attention, one backward pass per target",
     display="AttnLRP", layered=False, predicts=True, exclusive=True, reading="signed", supports=supports,
     diagnostics=("relevance_sum", "conservation"),
     # measured: 2.2x a plain forward pass at one target (SmolLM2, 64 tokens, 1 thread; Gradient×Input 1.8x)
