@@ -227,6 +227,24 @@ def attention_weights(model: nn.Module) -> Iterator[None]:
         yield
 
 
+@contextmanager
+def frozen_parameters(model: nn.Module) -> Iterator[None]:
+    """One forward pass of ``model`` whose parameters do not require gradients (so that its graph keeps no layer's
+    input for a weight gradient: what an input-gradient method needs only), in eval mode, holding the model's lock
+    exclusively; both settings are restored before the lock is released. Another thread's plain pass meanwhile gets
+    the same values and input gradients, and no parameter gradients."""
+    base = unwrap_model(model)
+    with model_lock(base).exclusive(), _eval_mode(base):
+        live = [p for p in base.parameters() if p.requires_grad]
+        try:
+            for parameter in live:
+                parameter.requires_grad_(False)
+            yield
+        finally:
+            for parameter in live:
+                parameter.requires_grad_(True)
+
+
 def tokenizer_lock(tokenizer) -> threading.RLock:
     """The lock normx holds around each call of ``tokenizer`` (fast tokenizers keep truncation settings as state)."""
     return _lock_of(_TOKENIZER_LOCKS, tokenizer, threading.RLock)
