@@ -1,6 +1,7 @@
 """Model-free baselines: seeded uniform scores per position (``random``) or per token type (``random_types``), the
 same for a text in any batch, at any position, on any device; and each token's position (``recency``: later tokens
-first)."""
+first). They read only the ids and the attention mask (``Method.model_free``): ``explain_generation`` runs no forward
+pass for them (``normx.explain`` still runs its prediction pass, which gives the Explanation its prediction)."""
 
 from __future__ import annotations
 
