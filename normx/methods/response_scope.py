@@ -18,10 +18,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from normx.errors import UnsupportedModelError
 from normx.methods.decoder.lrp.context import attnlrp_rules
 from normx.methods.decoder.lrp.method import NAME as ATTNLRP
-from normx.methods.decoder.lrp.method import supports as attnlrp_supports
+from normx.methods.decoder.lrp.method import check_model as attnlrp_check
 from normx.methods.gradients import aggregate
 from normx.methods.registry import get_method, register_method
 from normx.methods.response import gradient_response
@@ -31,17 +30,11 @@ def _aggregated(vectors, options):
     return aggregate(vectors, options.get("aggregation", "sum"))
 
 
-def _attnlrp_check(ctx) -> None:
-    reason = attnlrp_supports(ctx.adapter)
-    if reason is not None:
-        raise UnsupportedModelError(f"{ATTNLRP} does not explain {type(ctx.model).__name__}: {reason}")
-
-
 RESPONSE_LEVEL = {
     "gradient_norm": gradient_response(False, aggregate=_aggregated),
     "gradient_x_input": gradient_response(True, aggregate=_aggregated),
     ATTNLRP: gradient_response(True, rules=lambda model, mask: attnlrp_rules(model, mask, ATTNLRP),
-                               check=_attnlrp_check),
+                               check=lambda ctx: attnlrp_check(ctx.model, ctx.adapter)),
 }
 
 for _name, _compute in RESPONSE_LEVEL.items():

@@ -315,6 +315,9 @@ def test_other_families_are_refused_with_the_reason(family, name, reason, monkey
     monkeypatch.setattr(lrp_method, "FAMILIES", (*lrp_method.FAMILIES, family))
     with pytest.raises(normx.UnsupportedModelError, match=reason):
         normx.explain(model, tok, text, method="attnlrp")
+    for scope in ("step", "response"):  # every step from one pass, and the response's one backward pass, alike
+        with pytest.raises(normx.UnsupportedModelError, match=reason):
+            normx.explain_generation(model, tok, text, method="attnlrp", target=" a b", scope=scope)
 
 
 @pytest.mark.parametrize("name", ["llama-causal", "mistral-causal-save", "llama-seqcls-lora-head"])
