@@ -7,8 +7,8 @@ tokens must grow linearly.
         --bench-threads 1 --benchmark-timer time.process_time --benchmark-json=.benchmarks/generation.json
 
 Every case runs in a fresh process (bench/length_worker.py): its figures are in each benchmark's ``extra_info``
-(``level`` "generation" or "long_context"); pytest-benchmark's own statistics of these entries time the whole
-worker (model load and warm-up included). bench/report.py makes the tables from the JSON.
+(``level`` "generation" or "long_context"); pytest-benchmark's own statistics of these entries are not the
+figures (they time the worker call from this process). bench/report.py makes the tables from the JSON.
 
 With benchmarks disabled (the default test run) the same path runs on a tiny Llama at 64 and 128 tokens (the
 long-context row at 256, 512 and 1,024), every result is checked, and the all-steps rows of each method equal its
