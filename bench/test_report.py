@@ -139,3 +139,18 @@ def test_several_runs_make_one_report(tmp_path):
     assert len(merged["benchmarks"]) == len(first["benchmarks"]) + len(second["benchmarks"])
     assert merged["commit_info"] == {"id": "abc, def4567890", "dirty": True}
     assert "commit abc, def4567890 (dirty tree)" in report_lengths.render(merged)
+
+
+def test_long_context_entries_of_one_model_make_one_table():
+    data = _generation_data()
+    long_entry = data["benchmarks"][-1]
+    alone = json.loads(json.dumps(long_entry))  # the forward's own case, as the per-method run records it
+    alone["extra_info"].update(methods=["forward"], growth={"forward": 2.0},
+                               figures={"forward": {str(n): {"peak_bytes": n // 512 * MIB,
+                                                             "forward_peak_bytes": n // 512 * MIB}
+                                                    for n in (8192, 16384, 32768)}})
+    data["benchmarks"].append(alone)
+    text = report_lengths.render(data)
+    assert text.count("**tiny-long-llama**") == 1
+    assert "| forward | 16 MiB | 32 MiB | 64 MiB | 2.00× |" in text  # the forward's own case
+    assert "| normxlogit | 5 MiB | 10 MiB | 21 MiB | 2.10× |" in text
