@@ -21,6 +21,10 @@ CARD_GB = 48  # the design card's GPU memory
 CPU_BUDGET_GB = 4.0
 CPU_CAP, GPU_CAP, SMOKE_CAP = 8, 256, 2
 CPU_SEARCH_SECONDS = 30.0
+# the default CPU grid (--bench-grid default on CPU): the longest length per method, where all 32 steps take
+# minutes (measured at 512 tokens, 1 thread: gradient_x_input and attnlrp ~100 s, alti_logit ~19 s; alti_logit
+# ~220 s at 2,048); --bench-grid full or --gen-lengths runs every length
+CPU_LONGEST = {"gradient_x_input": 512, "attnlrp": 512, "alti_logit": 2048}
 SMOKE_LONG_LENGTHS = (256, 512, 1024)  # the long-context row's smoke run: the tiny Llama at these lengths
 
 
@@ -122,9 +126,18 @@ def generation_cases(config, enabled: bool) -> list[GenCase]:
     if not enabled:
         return [GenCase("tiny-llama", m, length) for length in SMOKE_LENGTHS for m in methods]
     models = _checked(_csv(config.getoption("gen_models")) or ["smollm2"], MODELS, "--gen-models")
-    lengths = _csv(config.getoption("gen_lengths"), int) or list(LENGTHS)
-    return [GenCase(model, m, length) for model in models for length in lengths for m in methods
-            if length <= MODELS[model].positions]
+    given = _csv(config.getoption("gen_lengths"), int)
+    device = config.getoption("bench_device") or ("cuda" if _cuda() else "cpu")
+    planned = not given and device == "cpu" and config.getoption("bench_grid") == "default"
+    longest = CPU_LONGEST if planned else {}
+    return [GenCase(model, m, length) for model in models for length in given or LENGTHS for m in methods
+            if length <= min(MODELS[model].positions, longest.get(m, length))]
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def parametrize_generation(metafunc, enabled: bool) -> None:

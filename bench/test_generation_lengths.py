@@ -168,3 +168,23 @@ def test_worker_searches_only_where_a_round_is_cheap():
     assert searched["ratio_to_forward"] > 0 and searched["peak_bytes"] > 0
     skipped = length_worker.measure_case("tiny-llama", "normxlogit", SHORT, search_seconds=0.0, **kwargs)
     assert "max_batch" not in skipped and skipped["search_skipped"].startswith("a batch-1 round took")
+
+
+class _Options:
+    """A stand-in for pytest's config: the options given, None for the others."""
+
+    def __init__(self, **given):
+        self.given = given
+
+    def getoption(self, name, default=None):
+        return self.given.get(name, default)
+
+
+def test_default_cpu_grid_leaves_out_the_slowest_lengths():
+    planned = {(c.method, c.length) for c in generation_cases(_Options(bench_device="cpu", bench_grid="default"), True)}
+    assert ("gradient_x_input", 512) in planned and ("gradient_x_input", 2048) not in planned
+    assert ("alti_logit", 2048) in planned and ("alti_logit", 8192) not in planned
+    assert ("normxlogit", 8192) in planned and ("forward", 8192) in planned
+    full = {(c.method, c.length) for c in generation_cases(_Options(bench_device="cpu", bench_grid="full"), True)}
+    given = generation_cases(_Options(bench_device="cpu", bench_grid="default", gen_lengths="2048"), True)
+    assert ("attnlrp", 8192) in full and {c.length for c in given} == {2048} and len(given) == 8
