@@ -28,6 +28,7 @@ warnings.filterwarnings("ignore", message=r".*`is_gradient_checkpointing` is dep
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "spiece.model")
 _ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")  # the file peft loads: the first present
 _NO_PROMPT = threading.Lock()
+_ONE_LOAD_AT_A_TIME = threading.RLock()  # normx's loads in one process, one after another (never_ask_to_run_code)
 _NAME_MAX = 255  # the longest file or folder name the usual file systems take
 _no_prompt = {"loads": 0, "timeout": None}  # loads in flight under never_ask_to_run_code; the timeout they replaced
 
@@ -106,13 +107,14 @@ def never_ask_to_run_code() -> Iterator[None]:
     (transformers' own switch for that: its prompt timeout at 0). Set back when the last load in flight ends."""
     from transformers import dynamic_module_utils
 
-    with _NO_PROMPT:
+    with _ONE_LOAD_AT_A_TIME, _NO_PROMPT:
         if _no_prompt["loads"] == 0:
             _no_prompt["timeout"] = dynamic_module_utils.TIME_OUT_REMOTE_CODE
             dynamic_module_utils.TIME_OUT_REMOTE_CODE = 0
         _no_prompt["loads"] += 1
     try:
-        yield
+        with _ONE_LOAD_AT_A_TIME:  # transformers' from_pretrained swaps class methods (tie_weights, init) while
+            yield  # it loads and puts back what it found: two loads in threads at once can leave them swapped for good
     finally:
         with _NO_PROMPT:
             _no_prompt["loads"] -= 1

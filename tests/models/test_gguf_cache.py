@@ -224,18 +224,15 @@ def staging_of(cache: Path, digest: str, pid: int, content: bytes, kind: str = "
     return folder
 
 
-def test_two_converters_of_one_file_both_succeed_with_one_entry(written, cache, monkeypatch):
+def test_two_threads_loading_one_file_get_one_entry_and_leave_transformers_as_it_was(written, cache):
+    """normx's loads in one process run one after another: transformers' from_pretrained swaps class methods
+    (PreTrainedModel.tie_weights, init_weights) while it loads, and two loads in threads at once could leave them
+    swapped for every later load (a masked LM's tied bias left on the meta device). The first thread converts, the
+    second finds its entry; both models are the file's."""
+    from transformers import PreTrainedModel
+
     file, original, tokenizer = written
-    both_staged = threading.Barrier(2, timeout=120)
-    install = gguf_cache._install
-    installed = []
-
-    def race(staging, folder):  # both conversions are complete before either renames
-        both_staged.wait()
-        install(staging, folder)
-        installed.append(staging)
-
-    monkeypatch.setattr(gguf_cache, "_install", race)
+    tie, init = PreTrainedModel.tie_weights, PreTrainedModel.init_weights
     results, errors = [], []
 
     def load():
@@ -249,7 +246,8 @@ def test_two_converters_of_one_file_both_succeed_with_one_entry(written, cache, 
         t.start()
     for t in threads:
         t.join()
-    assert errors == [] and len(results) == 2 and len(installed) == 2
+    assert errors == [] and len(results) == 2
+    assert PreTrainedModel.tie_weights is tie and PreTrainedModel.init_weights is init
     for model, loaded_tokenizer in results:
         torch.testing.assert_close(logits(model, loaded_tokenizer), logits(original, tokenizer), atol=1e-5, rtol=1e-5)
     assert len(gguf.cache_entries()) == 1 and loose(cache) == []
