@@ -154,6 +154,10 @@ class SummaryBuilder:
         self.unit, self.rows, self.skipped = unit, 0, 0
         self._totals: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(lambda: [0.0, 0]))
 
+    def units(self, record: dict) -> list:
+        """The (unit, score) pairs of a row's predicted view that the summary counts."""
+        return units_of(record, self.unit)
+
     def add(self, record: dict) -> None:
         """One shard row (with the :data:`SUMMARY_COLUMNS` it has)."""
         self.rows += 1
@@ -162,7 +166,7 @@ class SummaryBuilder:
             return
         record = _predicted_view(record)
         table = self._totals[str(record["label"])]
-        for name, value in units_of(record, self.unit):
+        for name, value in self.units(record):
             entry = table[name]
             entry[0] += value
             entry[1] += 1

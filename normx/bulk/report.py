@@ -16,7 +16,7 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
-from normx.bulk.read import SUMMARY_COLUMNS, SummaryBuilder, _predicted_view, iter_records, manifest, shard_files
+from normx.bulk.read import SUMMARY_COLUMNS, SummaryBuilder, iter_records, manifest, shard_files
 from normx.errors import NormxError
 from normx.explanations.display import AMOUNT, SPACE_SIGN, WHITESPACE_SIGNS
 from normx.explanations.html import NEGATIVE, POSITIVE
@@ -77,17 +77,8 @@ class WordSummary(SummaryBuilder):
     def __init__(self):
         super().__init__("word")
 
-    def add(self, record: dict) -> None:
-        self.rows += 1
-        if record.get("error"):
-            self.skipped += 1
-            return
-        record = _predicted_view(record)
-        table = self._totals[str(record["label"])]
-        for name, value in report_words(record):
-            entry = table[name]
-            entry[0] += value
-            entry[1] += 1
+    def units(self, record: dict) -> list:
+        return report_words(record)
 
 
 def report_words(record: dict) -> Iterator[tuple[str, float]]:
