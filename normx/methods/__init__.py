@@ -5,8 +5,9 @@ gradient methods, the random baselines (random, recency), DecompX (BERT-style en
 causal decoders), the context-mixing methods (GlobEnc, ALTI, Value Zeroing) and the decoder methods
 (:mod:`~normx.methods.decoder`: attention, norm-based attention, ALTI-Logit, AttnLRP and the experimental
 Attention-Logit). The numerics they share are :mod:`~normx.methods.numerics`'s. The ablations over a response's sources
-(leave-one-out, ContextCite; :mod:`~normx.methods.ablation`) and the gradient methods' response level
-(:mod:`~normx.methods.response_scope`).
+(leave-one-out, ContextCite; :mod:`~normx.methods.ablation`); the gradient methods' response level
+(:mod:`~normx.methods.response`) and every generation step from one forward pass
+(:mod:`~normx.methods.step_gradients`), which each method's own registration names.
 
 Layer 3: imports ``normx.core`` and ``normx.models``; ``normx.explanations`` runs the methods by name.
 """
@@ -20,8 +21,6 @@ from normx.methods import (  # noqa: F401 (registration)
     gradients,
     headontop,
     mixing,
-    response_scope,  # imports the methods it extends, then registers them again with their response computation
-    step_scope,  # likewise, with their one-forward-pass computation of every generation step
     variants,
 )
 from normx.methods.registry import (

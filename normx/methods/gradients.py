@@ -20,6 +20,11 @@ Integrated Gradients follows Captum's ``IntegratedGradients`` (same rules, step 
 one forward pass per chunk of steps and one backward pass per target column; its completeness check
 ``sum(attributions) - (f(x) - f(baseline))`` is reported per text and target as the ``convergence_delta``
 diagnostic (over the raw, unaggregated attributions of every position and dimension).
+
+In a causal LM's generation each method's registration also names its computation of every step from one forward
+pass (``Method.steps``, :mod:`normx.methods.step_gradients`) and, for Gradient Norm and Gradient×Input, of a whole
+response from one backward pass of its log-probability (``Method.response``, :mod:`normx.methods.response`). The
+word embeddings, the aggregations and the integration rules are :mod:`normx.methods.gradient_parts`'.
 """
 
 from __future__ import annotations
@@ -34,12 +39,13 @@ from normx.core.hooks import output_tensor
 from normx.core.inputs import pad_token_id
 from normx.core.labels import head_columns
 from normx.errors import InvalidInputError
+from normx.methods.gradient_parts import AGGREGATIONS, RULES, aggregate, rule_parameters, word_embeddings
 from normx.methods.registry import Context, Method, Option, register_method
+from normx.methods.response import gradient_response
+from normx.methods.step_gradients import gradient_steps, integrated_gradients_steps
 from normx.models import Adapter
 
-AGGREGATIONS = ("l1", "l2", "sum")
 BASELINES = ("zero", "pad")
-RULES = ("riemann_trapezoid", "riemann_left", "riemann_right", "riemann_middle", "gausslegendre")
 
 
 # ---- the differentiated function ---------------------------------------------------------------------------------
@@ -102,12 +108,6 @@ class HeadForward:
         return out[:, :1] if self.regression else select(out, columns, foil)
 
 
-def word_embeddings(model: torch.nn.Module, adapter: Adapter, ids: torch.Tensor) -> torch.Tensor:
-    """The word embeddings [B, T, H] of ``ids``, without autograd history."""
-    with torch.no_grad():
-        return adapter.embedding_module(model, "word")(ids).detach()
-
-
 def pooled_head(model: torch.nn.Module, adapter: Adapter, inputs: dict[str, torch.Tensor], pooled: torch.Tensor,
                 embeds: torch.Tensor, vocab: torch.Tensor | None = None) -> torch.Tensor:
     """The head-on-top [N, C] (LM heads: the ``vocab`` columns, or all) at the pooled positions [N] of a forward
@@ -144,21 +144,6 @@ def _target_gradients(forward, embeds: torch.Tensor) -> tuple[torch.Tensor, list
 def gradients(forward, embeds: torch.Tensor) -> torch.Tensor:
     """d f_k / d embeds for every target k: [K, B, T, H] float32."""
     return torch.stack([g.float() for g in _target_gradients(forward, embeds)[1]])
-
-
-def rule_parameters(rule: str, n_steps: int) -> tuple[list[float], list[float]]:
-    """(step sizes, alphas) of an integration rule, exactly as Captum's ``approximation_parameters``."""
-    if rule == "gausslegendre":
-        points, weights = np.polynomial.legendre.leggauss(n_steps)
-        return (0.5 * weights).tolist(), (0.5 * (1 + points)).tolist()
-    sizes = [1 / n_steps] * n_steps
-    if rule == "riemann_trapezoid":
-        sizes[0] /= 2
-        sizes[-1] /= 2
-        return sizes, torch.linspace(0, 1, n_steps).tolist()
-    ends = {"riemann_left": (0, 1 - 1 / n_steps), "riemann_middle": (1 / (2 * n_steps), 1 - 1 / (2 * n_steps)),
-            "riemann_right": (1 / n_steps, 1)}[rule]
-    return sizes, torch.linspace(*ends, n_steps).tolist()
 
 
 def integrated_gradients(forward, embeds: torch.Tensor, baseline: torch.Tensor, n_steps: int = 50,
@@ -200,15 +185,6 @@ def integrated_gradients(forward, embeds: torch.Tensor, baseline: torch.Tensor, 
     change = output.float() - at_baseline  # f(x) - f(baseline), [B, K]
     delta = attributions.sum(dim=(2, 3)).T - change
     return attributions, delta, change
-
-
-def aggregate(attributions: torch.Tensor, how: str) -> torch.Tensor:
-    """[..., H] -> [...]: l1 (sum of |a|), l2 (||a||) or sum (signed)."""
-    if how == "l1":
-        return attributions.abs().sum(-1)
-    if how == "l2":
-        return attributions.norm(dim=-1)
-    return attributions.sum(-1)
 
 
 def _scores(per_target: torch.Tensor, how: str) -> torch.Tensor:
@@ -287,17 +263,25 @@ def _reading(options) -> str:
     return "signed" if options.get("aggregation") == "sum" else "magnitude"
 
 
+def _aggregated(vectors: torch.Tensor, options) -> torch.Tensor:
+    """The response level's [T, H] attribution vectors summed up as the ``aggregation`` option says."""
+    return aggregate(vectors, options["aggregation"])
+
+
 register_method(Method(
     "gradient_norm", _gradient_norm,
     "Gradient Norm: the gradient of the target's logit w.r.t. each token's word embedding, aggregated over the "
     "embedding dimensions (aggregation: l1 | l2 | sum)",
     display="Gradient Norm", layered=False, predicts=True, options=[AGGREGATION], reading=_reading,
-    cost=lambda tokens, targets, options: 1 + targets))  # one forward, one backward per target (~ a forward each)
+    cost=lambda tokens, targets, options: 1 + targets,  # one forward, one backward per target (~ a forward each)
+    # a response: one backward pass of its total log-probability; every step from one forward pass over the sequence
+    response=gradient_response(False, aggregate=_aggregated), steps=gradient_steps(False)))
 register_method(Method(
     "gradient_x_input", _gradient_x_input,
     "Gradient x Input: gradient times word embedding, aggregated over the embedding dimensions",
     display="Gradient×Input", layered=False, predicts=True, options=[AGGREGATION], reading=_reading,
-    cost=lambda tokens, targets, options: 1 + targets))
+    cost=lambda tokens, targets, options: 1 + targets,
+    response=gradient_response(True, aggregate=_aggregated), steps=gradient_steps(True)))
 register_method(Method(
     "integrated_gradients", _integrated_gradients,
     "Integrated Gradients from a zero (or pad-token) embedding baseline to the word embeddings, as Captum "
@@ -305,6 +289,7 @@ register_method(Method(
     display="Integrated Gradients", layered=False, check_options=_check_ig, reading=_reading,
     diagnostics=("convergence_delta", "output_difference"),
     cost=lambda tokens, targets, options: 2 + options["n_steps"] * (1 + targets),  # each step: forward + backwards
+    steps=integrated_gradients_steps,  # no response level yet (its path integral over the response's objective)
     options=[Option("n_steps", 50, "integration steps", int),
              Option("baselines", "zero", "the baseline embedding: zero, or the pad token's", str, BASELINES),
              Option("rule", "gausslegendre", "the integration rule (as Captum's)", str, RULES),

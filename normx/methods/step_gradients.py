@@ -24,13 +24,14 @@ Measured on SmolLM2 (30 layers, 576 + 1,536 numbers a token; 512 tokens, 32 step
 graph held 846 MiB with one step per backward pass and 1,044 MiB with 8 (so ~28 MiB a step: ~6.5 activations of a
 layer per token; the factors round up), and the graph ~5.4 activations per token and layer.
 
-Methods (:data:`normx.methods.step_scope.STEP_METHODS`): Gradient Norm and Gradient×Input (the gradient, or gradient ×
-embedding, aggregated as the method's ``aggregation`` option says), AttnLRP (embedding × the gradient taken through its
-rules, :func:`normx.methods.decoder.lrp.context.attnlrp_rules`, summed; ``relevance_sum`` and ``conservation`` per step)
-and Integrated Gradients (``convergence_delta`` and ``output_difference`` per step). :mod:`normx.methods.step_scope`
-registers them on the methods (``Method.steps``).
+Methods: Gradient Norm and Gradient×Input (the gradient, or gradient × embedding, aggregated as the method's
+``aggregation`` option says), AttnLRP (embedding × the gradient taken through its rules,
+:func:`normx.methods.decoder.lrp.context.attnlrp_rules`, summed; ``relevance_sum`` and ``conservation`` per step) and
+Integrated Gradients (``convergence_delta`` and ``output_difference`` per step). Each method's own registration
+(:mod:`normx.methods.gradients`, :mod:`normx.methods.decoder.lrp.method`) sets its ``Method.steps`` from here.
 
-Layer 3 (methods): imports ``normx.core``, ``normx.models`` and the methods it computes for.
+Layer 3 (methods): imports ``normx.core``, ``normx.models``, the parts the gradient methods share
+(:mod:`normx.methods.gradient_parts`) and the response context (:mod:`normx.methods.response`); no method module.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from normx._torch import torch
 from normx.core.hooks import output_tensor
 from normx.core.inputs import pad_token_id
 from normx.errors import InvalidInputError
-from normx.methods.gradients import aggregate, rule_parameters, word_embeddings
+from normx.methods.gradient_parts import aggregate, rule_parameters, word_embeddings
 from normx.methods.response import ResponseContext, ResponseRows, response_positions
 
 STEP_BUDGET_MIB = 128  # what one batch of steps (or of interpolation points) may hold on top of the forward's graph

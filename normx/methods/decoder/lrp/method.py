@@ -16,6 +16,8 @@ from normx.methods.decoder.heads import decoder_reason
 from normx.methods.decoder.lrp.context import attnlrp_rules
 from normx.methods.gradients import pooled_head, select, word_embeddings
 from normx.methods.registry import Context, Method, register_method
+from normx.methods.response import gradient_response
+from normx.methods.step_gradients import gradient_steps
 from normx.models.discovery import logit_softcap
 
 NAME = "attnlrp"
@@ -73,6 +75,14 @@ def _attnlrp(ctx: Context) -> torch.Tensor:
     return relevance[:, :, None, :]
 
 
+def _rules(model, mask):
+    return attnlrp_rules(model, mask, NAME)
+
+
+def _check(ctx) -> None:
+    check_model(ctx.model, ctx.adapter)
+
+
 register_method(Method(
     NAME, _attnlrp,
     "AttnLRP (Achtibat et al., ICML 2024), as LXT 2.1's efficient implementation: input embedding x gradient summed "
@@ -85,4 +95,9 @@ register_method(Method(
     display="AttnLRP", layered=False, predicts=True, exclusive=True, reading="signed", supports=supports,
     diagnostics=("relevance_sum", "conservation"),
     # measured: 2.2x a plain forward pass at one target (SmolLM2, 64 tokens, 1 thread; Gradient×Input 1.8x)
-    cost=lambda tokens, targets, options: 1.3 + targets))
+    cost=lambda tokens, targets, options: 1.3 + targets,
+    # a response: one backward pass of its total log-probability through the rules (the relevance starts at each
+    # step's logits as d log p / d z = onehot(y) - softmax(z): the token's logit against the expected logit);
+    # every generation step from one forward pass over the sequence, with relevance_sum and conservation per step
+    response=gradient_response(True, rules=_rules, check=_check),
+    steps=gradient_steps(True, rules=_rules, check=_check, relevance=True)))
