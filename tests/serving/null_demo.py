@@ -23,7 +23,7 @@ def main() -> None:
         inputs = [gr.Textbox() for _ in range(INPUTS)]
         answer = gr.Textbox()
         gr.Button().click(lambda *values: "", inputs, answer, api_name="explain")
-    blocks.queue(default_concurrency_limit=32, max_size=64)  # the demo's queue settings (demo/app.py)
+    blocks.queue(default_concurrency_limit=32, max_size=64)  # the demo's queue settings (demo/normx_page.py)
     blocks.launch(server_name=args.host, server_port=args.port, ssr_mode=False, share=False)
 
 
