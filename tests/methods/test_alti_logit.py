@@ -86,3 +86,51 @@ def test_a_mixture_of_experts_is_refused():
     tok = architectures.word_tokenizer(model, "causal_lm")
     with pytest.raises(UnsupportedModelError, match="no activation module"):
         normx.explain(model, tok, architectures.reference_texts(model, "causal_lm")[0], method="alti_logit")
+
+
+def test_blocks_made_again_give_the_kept_recordings_scores(monkeypatch):
+    """ALTI-Logit's lazy recording (each block's input and call kept; its attention output, queries and keys made
+    again by running it alone, one block at a time) gives the scores of the recording that keeps every block's, to
+    the bit (a padded batch, every layer), and holds at most one block's at a time."""
+    from normx.methods.decoder import alti_logit, decompose
+
+    model, tok = tiny.build("Qwen2ForCausalLM")
+    texts = ["the film was a gripping story", "a dull movie"]
+    load, held = decompose.DecoderRecording.load, []
+
+    def counted(rec, i):
+        load(rec, i)
+        held.append(sum(probs is not None for probs in rec.probs))
+
+    monkeypatch.setattr(decompose.DecoderRecording, "load", counted)
+    lazy = normx.explain(model, tok, texts, method="alti_logit", layer="all", target=[TARGET])
+    assert held and max(held) == 1, held
+    monkeypatch.setattr(alti_logit, "record_decoder", lambda run, mlp=True, lazy=False: decompose.record_decoder(
+        run, mlp))
+    kept = normx.explain(model, tok, texts, method="alti_logit", layer="all", target=[TARGET])
+    for mine, theirs in zip(lazy, kept):
+        assert np.array_equal(mine.scores, theirs.scores), np.abs(mine.scores - theirs.scores).max()
+
+
+def test_a_block_that_computes_otherwise_when_run_again_is_refused():
+    """A block whose output on its recorded input differs when it runs alone (outside the model's forward) is
+    refused rather than read with attention quantities that do not belong to the recorded pass."""
+    model, tok = tiny.build("LlamaForCausalLM")
+    block = get_adapter(model).block_modules(model)[-1]
+    inside, alone = [], []
+
+    def drift(_module, _args, output):
+        if inside:
+            return None
+        alone.append(1)
+        return output + 0.5 if isinstance(output, torch.Tensor) else (output[0] + 0.5, *output[1:])
+
+    handles = [model.model.register_forward_pre_hook(lambda *_: inside.append(1)),
+               model.model.register_forward_hook(lambda *_: inside.clear()), block.register_forward_hook(drift)]
+    try:
+        with pytest.raises(UnsupportedModelError, match="run again alone"):
+            normx.explain(model, tok, "the film was a gripping story", method="alti_logit", target=[TARGET])
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert alone

@@ -19,9 +19,10 @@ For block l with attention probabilities alpha^(l,h) (the model's own), the valu
 
 Everything comes from one recorded pass (:func:`normx.methods.decoder.decompose.record_decoder`, whose wiring and
 checks it shares: the attention parts are checked to sum to the module's own output), so every generation step's row
-comes from one pass too. Memory grows with T: the pass keeps each block's input, attention output, queries and keys
-(no [T, T] probabilities), and the rollout is read backwards from the queries (:func:`alti_logit_rows`); the work
-grows with T^2 per block (every token pair's distance).
+comes from one pass too. Memory grows with T: the pass keeps each block's input and output (no [T, T]
+probabilities), the rollout is read backwards from the queries (:func:`alti_logit_rows`), one block at a time, each
+run again alone on its recorded input to remake its attention output, queries and keys (checked to give its recorded
+output); the work grows with T^2 per block (every token pair's distance).
 """
 
 from __future__ import annotations
@@ -141,15 +142,19 @@ def alti_logit_rows(run: Pass, queries: torch.Tensor, columns: torch.Tensor, voc
 
     The rollout is read backwards from the queries (Horner's rule): the score at layer l is
     sum_(b <= l) Delta^b R^(b-1) = ((Delta^l C^(l-1) + Delta^(l-1)) C^(l-2) + ... ) C^1 + Delta^1, so only
-    [layers, Q, T] vectors are carried and each block's C is made in chunks of rows: memory grows with T (the
-    recorded pass: each block's input, attention output, queries and keys), the work with T^2 per block."""
-    rec = record_decoder(run, mlp=False)
+    [layers, Q, T] vectors are carried and each block's C is made in chunks of rows. The blocks are taken one at a
+    time from the top down, each made again from its recorded input (:meth:`DecoderRecording.load`) and let go
+    after: memory grows with T (each block's input, and one block's attention output, queries, keys and value
+    vectors through W_O at a time), the work with T^2 per block."""
+    rec = record_decoder(run, mlp=False, lazy=True)
     layers = list(run.layers)
     w, _ = head_map(run, vocab)
     norm = run.adapter.norm_module(run.model)
     b, t = run.inputs["attention_mask"].shape
     out = torch.zeros((b, queries.shape[1], len(layers), t), device=w.device)
     top = max(layers)
+    reading = torch.tensor(layers, device=w.device)
+    rows = []  # per batch row: (n, queries, the final norm fixed there, the head's columns, the Horner sums)
     for row in range(b):
         n = int(run.inputs["attention_mask"][row].sum())
         q = queries[row].tolist()
@@ -157,17 +162,21 @@ def alti_logit_rows(run: Pass, queries: torch.Tensor, columns: torch.Tensor, voc
         with torch.no_grad():
             fixed = norm_map(norm, final, norm(rec.block_out[-1][row, q]), "the final norm", METHOD)
         readout = w[:, columns[row]].T  # [Q, D]
-        carried = torch.zeros((len(layers), len(q), n), device=w.device)  # one Horner sum per layer read
-        reading = torch.tensor(layers, device=w.device)
-        with torch.no_grad():
-            f, post = _mixed(rec, top - 1, row, n), _post(rec, top - 1, row, n, METHOD)
-            for i in range(top - 1, -1, -1):  # block i + 1, from the top down
-                active = reading >= i + 1  # the layers whose score includes block i + 1
+        rows.append((n, q, fixed, readout, torch.zeros((len(layers), len(q), n), device=w.device)))
+    with torch.no_grad():
+        for i in range(top - 1, -1, -1):  # block i + 1, from the top down
+            rec.load(i)
+            above = reading >= i + 2  # the layers whose score includes block i + 2: times C of block i + 1 first
+            active = reading >= i + 1  # the layers whose score includes block i + 1
+            for row, (n, q, fixed, readout, carried) in enumerate(rows):
+                f, post = _mixed(rec, i, row, n), _post(rec, i, row, n, METHOD)
+                if i < top - 1:
+                    moved = _times_contributions(rec, i, row, n, f, post, carried[above].reshape(-1, n))
+                    carried[above] = moved.reshape(-1, len(q), n)
                 carried[active] += _deltas(rec, i, row, n, f, post, q, fixed, readout)
-                if i > 0:  # times C of the block below
-                    f, post = _mixed(rec, i - 1, row, n), _post(rec, i - 1, row, n, METHOD)
-                    moved = _times_contributions(rec, i - 1, row, n, f, post, carried[active].reshape(-1, n))
-                    carried[active] = moved.reshape(-1, len(q), n)
+                del f, post
+            rec.drop(i)
+    for row, (n, _, _, _, carried) in enumerate(rows):
         out[row, :, :, :n] = carried.transpose(0, 1)
     return out
 

@@ -19,6 +19,7 @@ forward passes of the MLPs for a text of T tokens.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from normx._torch import torch
@@ -58,6 +59,19 @@ class DecoderRecording:
     attention_out: list[torch.Tensor]  # the attention module's own output [B, T, D]
     norms: list[dict[str, tuple[torch.Tensor, torch.Tensor]]]  # role -> (real input, real output)
     mlp_in: list[torch.Tensor]
+    # a lazy recording (record_decoder(lazy=True)): block i's call, run again by load(i) to remake its attention_out,
+    # probs and norms (None: they are kept)
+    calls: list[Callable[[], None] | None] | None = None
+
+    def load(self, i: int) -> None:
+        """Block i's attention output, probabilities and norms, made again where a lazy recording dropped them."""
+        if self.calls is not None and self.calls[i] is not None and self.probs[i] is None:
+            self.calls[i]()
+
+    def drop(self, i: int) -> None:
+        """Let a lazy recording's block i go again (:meth:`load` remakes it)."""
+        if self.calls is not None and self.calls[i] is not None:
+            self.attention_out[i], self.probs[i], self.norms[i] = None, None, {}
 
 
 def _unsupported(base, what: str) -> UnsupportedModelError:
@@ -98,7 +112,7 @@ class OwnProbabilities:
         return self.probs[row, :, start:stop, :length].float()
 
 
-def record_decoder(run: Pass, mlp: bool = True) -> DecoderRecording:
+def record_decoder(run: Pass, mlp: bool = True, lazy: bool = False) -> DecoderRecording:
     """Run ``run``'s forward pass (so its captured layers are there after) with hooks on every block, its norms,
     attention and MLP (``mlp=False``: not the MLP and its norms, and the attention's input norm recomputed by who
     reads it; ALTI-Logit needs no more); return what the decomposition keeps fixed.
@@ -107,7 +121,12 @@ def record_decoder(run: Pass, mlp: bool = True) -> DecoderRecording:
     (:class:`~normx.models.attention_scores.BlockScores`: probabilities made on demand, by rows), so no block's
     [T, T] probabilities are held, checked at each row's last token against the module's own output; where a
     block's queries and keys are not read, the pass runs again with eager attention and keeps the probabilities
-    the modules return (:class:`OwnProbabilities`)."""
+    the modules return (:class:`OwnProbabilities`).
+
+    ``lazy`` (with ``mlp=False``, on the model's own attention): keep only each block's input and output and its
+    call; :meth:`DecoderRecording.load` runs block i again alone on its recorded input (checked to give its
+    recorded output) to make its attention output, queries and keys, and :meth:`DecoderRecording.drop` lets them
+    go, so a reader that takes the blocks one at a time holds one block's [T, hidden] tensors instead of all."""
     base, adapter = run.model, run.adapter
     blocks, attention = _wiring(base, adapter)
     read = {i + 1: block for i, block in enumerate(attention)}
@@ -115,19 +134,26 @@ def record_decoder(run: Pass, mlp: bool = True) -> DecoderRecording:
     if linear is not None:
         try:
             with using(base):
-                return _record(run, blocks, attention, mlp, linear)
+                return _record(run, blocks, attention, mlp, linear, lazy and not mlp)
         except Unreadable:
             pass
     with attention_weights(base):
-        return _record(run, blocks, attention, mlp, {})
+        return _record(run, blocks, attention, mlp, {}, False)
 
 
-def _record(run: Pass, blocks: list[DecoderBlock], attention: list[BlockAttention], mlp: bool, linear: dict
-            ) -> DecoderRecording:
+def _cached(args: tuple, kwargs: dict) -> bool:
+    """Whether a block's call carries a key-value cache (which running it again would change)."""
+    past = [kwargs.get(name) for name in ("past_key_values", "past_key_value", "layer_past")]
+    return bool(kwargs.get("use_cache")) or any(p is not None for p in past) or any(
+        "cache" in type(a).__name__.lower() for a in (*args, *kwargs.values()))
+
+
+def _record(run: Pass, blocks: list[DecoderBlock], attention: list[BlockAttention], mlp: bool, linear: dict,
+            lazy: bool = False) -> DecoderRecording:
     base, adapter = run.model, run.adapter
     n = len(blocks)
     rec = DecoderRecording(blocks, attention, [None] * n, [None] * n, [None] * n, [None] * n, [{} for _ in range(n)],
-                           [None] * n)
+                           [None] * n, [None] * n if lazy else None)
     modules = {}
     for i, (wiring, read) in enumerate(zip(blocks, attention)):
         modules[f"{i}.block"] = adapter.block_modules(base)[i]
@@ -149,6 +175,9 @@ def _record(run: Pass, blocks: list[DecoderBlock], attention: list[BlockAttentio
         if part == "block":
             rec.block_in[i] = (args[0] if args else kwargs["hidden_states"]).detach()
             rec.block_out[i] = output_tensor(output).detach()
+            if lazy and not _cached(args, kwargs):
+                rec.calls[i] = _replay(rec, i, base, modules, on_call, args, kwargs)
+                rec.drop(i)
         elif part in ("values", "qk"):
             seen[i][role[0] if role else part] = output_tensor(output).detach()
         elif part == "attention":
@@ -178,6 +207,28 @@ def _record(run: Pass, blocks: list[DecoderBlock], attention: list[BlockAttentio
     with hooked(modules, on_call), torch.no_grad():
         run.run()
     return rec
+
+
+def _replay(rec: DecoderRecording, i: int, base, modules: dict, on_call, args: tuple, kwargs: dict
+            ) -> Callable[[], None]:
+    """Block i run again alone on its recorded call, with the recording's hooks on its attention, its norms and
+    its query / key / value sources (not on the block: its recorded input and output stay as they are)."""
+    block = modules[f"{i}.block"]
+    own = {key: module for key, module in modules.items() if key.split(".")[0] == str(i) and key != f"{i}.block"}
+
+    def again() -> None:
+        try:
+            with using(base), hooked(own, on_call), torch.no_grad():
+                out = output_tensor(block(*args, **kwargs))
+        except Unreadable as exc:
+            raise _unsupported(base, f"block {i + 1} run again alone: {exc}") from None
+        real = rec.block_out[i]
+        worst = 0.0 if torch.equal(out, real) else float((out.float() - real.float()).abs().max())
+        if worst > tolerance(real.dtype) * max(float(real.float().abs().max()), 1e-6):
+            raise _unsupported(base, f"block {i + 1} run again alone on its recorded input gives another output "
+                               f"(off by {worst:.3g}): its blocks do not compute the same twice")
+
+    return again
 
 
 @dataclass
