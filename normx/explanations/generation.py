@@ -26,6 +26,7 @@ from normx.core.concurrency import tokenizer_lock
 from normx.core.forward import Pass
 from normx.core.inputs import Encoded, batches, max_input_length, positive_int, resolve_max_length
 from normx.errors import EmptyTextError, InputTooLongError, InvalidInputError, UnsupportedModelError
+from normx.explanations.decoded_spans import decoded_ends
 from normx.explanations.explain import Plan, attribute_batch, model_settings, prepare
 from normx.explanations.generation_length import check_truncation, fit_prompt
 from normx.explanations.generation_response import at_response_level, response_level
@@ -261,8 +262,8 @@ def _encoded(tokenizer, ids: list[int]) -> Encoded:
         tokens = tokenizer.convert_ids_to_tokens(ids)
         lead = _added_prefix(tokenizer, ids)
         body = ids[lead:]
-        ends = [0] * lead + [len(tokenizer.decode(body[:i + 1])) for i in range(len(body))]
-        text = tokenizer.decode(body)
+        text, ends = decoded_ends(tokenizer, body)  # each prefix's decoded length, in linear time
+        ends = [0] * lead + ends
     special_ids = set(getattr(tokenizer, "all_special_ids", []))
     offsets, start = [], 0
     for end in ends:

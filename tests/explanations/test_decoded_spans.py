@@ -1,0 +1,100 @@
+"""Each token's end in the decoded text, read from short windows: the same as decoding every prefix (byte-level BPE
+with characters split over tokens, WordPiece with its spaces cleaned up, a SentencePiece-style decoder that strips
+the text's first space, SmolLM2's own tokenizer), in time linear in the tokens, and every prefix decoded where the
+windows do not read a decoder right."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import tiny
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+from normx.explanations import decoded_spans
+from normx.explanations.decoded_spans import decoded_ends
+
+TEXTS = [
+    "Don't stop . It 's fine , isn't it ? \"Yes\" - he said ( twice ) ; I 'm sure you 've seen it ...",
+    "Emoji 🙂👍🏽 and flags 🇫🇷🇯🇵, accents: café, naïve, Ångström; CJK 日本語のテキスト, Ελληνικά, עברית.",
+    "Lines\n\n  indented\ttabs   and    runs of spaces\r\nend.  ",
+]
+
+
+def _every_prefix(tokenizer, ids):
+    """What generation's _encoded computed before: one decode per prefix."""
+    return tokenizer.decode(ids), [len(tokenizer.decode(ids[:i + 1])) for i in range(len(ids))]
+
+
+def _sentencepiece_style():
+    """A BPE on Metaspace words with byte fallback, decoded as Llama 2's tokenizer is (the first space stripped)."""
+    tok = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>"))
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="never")
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Strip(" ", 1, 0)])
+    specials = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=specials, show_progress=False)
+    tok.train_from_iterator([t.replace("🙂", "") for t in TEXTS] * 3 + tiny.CORPUS, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+
+
+def _tokenizers():
+    yield "byte-level", tiny.bpe_tokenizer("llama")
+    yield "wordpiece", tiny.wordpiece_tokenizer()
+    yield "sentencepiece-style", _sentencepiece_style()
+    try:
+        from normx.zoo.presets import smollm2_dir
+
+        yield "smollm2", AutoTokenizer.from_pretrained(smollm2_dir(), trust_remote_code=False)
+    except Exception:  # the package or its cache is not here: the other tokenizers still run
+        pass
+
+
+@pytest.mark.parametrize(("name", "tokenizer"), list(_tokenizers()))
+def test_windows_give_every_prefixs_length(name, tokenizer, monkeypatch):
+    texts = [" ".join([text] * 6) for text in TEXTS] + [" ".join(TEXTS * 4)]
+    for text in texts:
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        special = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.sep_token_id
+        ids = [*ids[:len(ids) // 2], special, *ids[len(ids) // 2:]]  # a special token inside
+        assert len(ids) > 3 * decoded_spans.CONTEXT + decoded_spans.CHECKS
+        want = _every_prefix(tokenizer, ids)
+        with monkeypatch.context() as patch:  # the windows' reading, not the fallback
+            patch.setattr(decoded_spans, "_every_prefix", lambda *_: pytest.fail(f"{name}: windows disagreed"))
+            assert decoded_ends(tokenizer, ids) == want, (name, text[:40])
+        for cut in (0, 1, 5, 2 * decoded_spans.CONTEXT + decoded_spans.CHECKS + 1):  # short sequences
+            assert decoded_ends(tokenizer, ids[:cut]) == _every_prefix(tokenizer, ids[:cut])
+
+
+class _Counting:
+    """A tokenizer's decode, counting the ids it decodes; ``shift`` makes its text depend on how many ids there are
+    (a decoder the windows cannot read)."""
+
+    def __init__(self, tokenizer, shift: bool = False):
+        self.tokenizer, self.shift, self.decoded = tokenizer, shift, 0
+
+    def decode(self, ids):
+        self.decoded += len(ids)
+        text = self.tokenizer.decode(ids)
+        return "#" * (len(ids) // 100) + text if self.shift else text
+
+
+def test_linear_in_the_tokens():
+    tokenizer = tiny.bpe_tokenizer("llama")
+    ids = tokenizer(" ".join(TEXTS * 80), add_special_tokens=False)["input_ids"][:8192]
+    assert len(ids) == 8192
+    counting = _Counting(tokenizer)
+    start = time.perf_counter()
+    text, ends = decoded_ends(counting, ids)
+    seconds = time.perf_counter() - start
+    assert text == tokenizer.decode(ids) and ends[-1] == len(text) and len(ends) == len(ids)
+    assert counting.decoded < 50 * len(ids), counting.decoded  # every prefix: len(ids)^2 / 2 = 4,096 * len(ids)
+    assert seconds < 5, seconds  # decoding every prefix: ~10 s for SmolLM2's 8,192 tokens
+
+
+def test_a_decoder_the_windows_do_not_read_gets_every_prefix():
+    tokenizer = _Counting(tiny.bpe_tokenizer("llama"), shift=True)
+    ids = tiny.bpe_tokenizer("llama")(" ".join(TEXTS * 4), add_special_tokens=False)["input_ids"][:300]
+    assert decoded_ends(tokenizer, ids) == _every_prefix(tokenizer, ids)
