@@ -270,7 +270,8 @@ def write_blocks(path: Path, blocks: list[tuple[str, str, str]], append: bool = 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("json", type=Path, nargs="+", help="pytest-benchmark JSON (--benchmark-json); several: "
-                                                           "one report of their runs together")
+                                                           "one report of their runs together (a later run's "
+                                                           "generation entry replaces an earlier one's of its case)")
     parser.add_argument("-o", "--output", type=Path, help="write the markdown here (default: print it)")
     parser.add_argument("--readme", type=Path, help="also replace the bench blocks of this README")
     parser.add_argument("--docs", type=Path, action="append", default=[],

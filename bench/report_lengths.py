@@ -1,7 +1,9 @@
 """The generation benchmark's tables (bench/test_generation_lengths.py) from a pytest-benchmark JSON: per model and
 method, at each length, the time per instance, the peak memory and the max batch, each beside the plain forward;
 and the long-context row (peak memory of the tiny long Llama by length, and its growth). Used by bench/report.py,
-which writes them between ``<!-- bench-lengths:start -->`` and ``<!-- bench-lengths:end -->``.
+which writes them between ``<!-- bench-lengths:start -->`` and ``<!-- bench-lengths:end -->``. Several runs read
+together (bench/report.py's ``load``, in the order given): a later run's entry replaces an earlier one's for the
+same model, method and length, so a rerun of some cases is written beside the old JSON and named after it.
 """
 
 from __future__ import annotations
@@ -73,7 +75,7 @@ def _batch_cell(x: dict, forward: dict | None) -> str:
 
 def generation_tables(infos: list[dict]) -> list[str]:
     by_model: dict[str, dict] = defaultdict(dict)
-    for x in infos:
+    for x in infos:  # in the runs' order: a later entry of a (model, method, length) replaces an earlier one
         by_model[x["model"]][(x["method"], x["L"])] = x
     lines = []
     for model, cases in by_model.items():
@@ -106,12 +108,14 @@ def generation_tables(infos: list[dict]) -> list[str]:
 
 
 def long_context_tables(infos: list[dict]) -> list[str]:
-    """One table per model: the entries of its methods together (one entry per method when each ran alone)."""
+    """One table per model: the entries of its methods together (one entry per method when each ran alone); a
+    later entry's figures and growth of a method replace an earlier one's."""
     merged: dict[str, dict] = {}
     for x in infos:
         into = merged.setdefault(x["model"], {**x, "figures": {}, "growth": {}})
         into["figures"].update(x["figures"])
-        into["growth"] = {**x["growth"], **into["growth"]}
+        ran = {method: ratio for method, ratio in x["growth"].items() if method in x["figures"]}
+        into["growth"] = {**x["growth"], **into["growth"], **ran}
     lines = []
     for model, x in merged.items():
         lengths = x["lengths"]

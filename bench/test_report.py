@@ -154,3 +154,31 @@ def test_long_context_entries_of_one_model_make_one_table():
     assert text.count("**tiny-long-llama**") == 1
     assert "| forward | 16 MiB | 32 MiB | 64 MiB | 2.00× |" in text  # the forward's own case
     assert "| normxlogit | 5 MiB | 10 MiB | 21 MiB | 2.10× |" in text
+
+
+def test_a_later_run_replaces_the_entries_of_its_cases(tmp_path):
+    """A rerun of some cases, written beside the old JSON and read after it: its entries replace the old ones of the
+    same (model, method, length) in every table; the other cases keep the first run's figures."""
+    rerun = _generation("normxlogit", 512, [1.0, 1.2], [2.0, 2.0], 50 * MIB, 100 * MIB,
+                        search_skipped="a batch-1 round took 1 s")
+    alone = json.loads(json.dumps(_generation_data()["benchmarks"][-1]))
+    alone["extra_info"].update(methods=["norm_attention"], growth={"norm_attention": 1.5, "forward": 9.0},
+                               figures={"norm_attention": {str(n): {"peak_bytes": n // 1024 * MIB,
+                                                                    "forward_peak_bytes": n // 1024 * MIB}
+                                                           for n in (8192, 16384, 32768)}})
+    later = {"benchmarks": [rerun, alone], "datetime": "2026-02-01T00:00:00",
+             "commit_info": {"id": "fed4567890abc", "dirty": False}}
+    paths = [tmp_path / "old.json", tmp_path / "rerun.json"]
+    for path, data in zip(paths, (_generation_data(), later)):
+        path.write_text(json.dumps(data))
+    text = report_lengths.render(report.load(*paths))
+    assert "| normxlogit | 1.10 s (0.60×) | – |" in text and "| normxlogit | 2.20 s" not in text
+    assert "| normxlogit | 50 MiB (0.50×) | – |" in text and "| normxlogit | 80 MiB" not in text
+    assert "| normxlogit | not searched | – |" in text and "normxlogit at 512: a batch-1 round took 1 s" in text
+    assert "| forward | 2.20 s | 10.00 s |" in text and "| attnlrp | 2,000 MiB (20.00×) | – |" in text  # kept
+    assert "| norm_attention | 8 MiB | 16 MiB | 32 MiB | 1.50× |" in text and "1.88×" not in text
+    assert "| normxlogit | 5 MiB | 10 MiB | 21 MiB | 2.10× |" in text  # kept
+    assert "commit abc, fed4567890" in text
+    text = report_lengths.render(report.load(*reversed(paths)))  # the other order: the old run's figures win
+    assert "| normxlogit | 2.20 s (1.10×) | – |" in text and "| normxlogit | 80 MiB (0.80×) | – |" in text
+    assert "| norm_attention | 8 MiB | 16 MiB | 30 MiB | 1.88× |" in text
