@@ -16,8 +16,8 @@ from normx.errors import InvalidInputError
 
 
 def add_parser(sub, heavy: bool) -> argparse.ArgumentParser:
-    parser = sub.add_parser("calibrate", help="fit calibrated_attention's per-head weights for a causal LM on "
-                                              "training contexts (random source removals)")
+    parser = sub.add_parser("calibrate", help="fit calibrated_attention's weights for a causal LM on training "
+                                              "contexts (random source removals)")
     parser.add_argument("model", metavar="MODEL", help="a causal-LM preset (`normx models`), a model folder or a "
                         "hub id")
     parser.add_argument("--data", default=None, help="the data folder with the GLUE files the contexts are built "
@@ -28,8 +28,11 @@ def add_parser(sub, heavy: bool) -> argparse.ArgumentParser:
     parser.add_argument("--length", type=int, default=300, help="context length in tokens (default 300)")
     parser.add_argument("--masks", type=int, default=32, help="random source masks per context, one forward pass "
                         "each (default 32)")
-    parser.add_argument("--families", default="attention,norm,logit", help="the feature families the "
-                        "cross-validation chooses from (default attention,norm,logit)")
+    parser.add_argument("--families", default="tokens,source_knockout", help="the feature families the "
+                        "cross-validation chooses from: attention, norm, logit (one eager pass), knockout, "
+                        "knockout_abs (one pass and one backward over the answer's rows), tokens, source_knockout "
+                        "(per source: its size, and the exact drop when the answer's rows cannot read it); "
+                        "default tokens,source_knockout")
     parser.add_argument("--folds", type=int, default=5, help="cross-validation folds over contexts (default 5)")
     parser.add_argument("--max-new-tokens", type=int, default=12, help="the answer's length at most (default 12)")
     parser.add_argument("--seed", type=int, default=0, help="the contexts' and masks' seed (default 0)")
@@ -97,7 +100,8 @@ def run(args) -> int:
                  "seed": args.seed, "max_new_tokens": args.max_new_tokens,
                  "ids": [inst.id for inst in instances]}
     record, choice = training.fitted_record(model, instances, families, folds=args.folds, training=described)
-    print(f"chosen: {'+'.join(choice.families)}, lambda {choice.lam:g}, scaling {choice.scaling}; cross-validated "
+    print(f"chosen: {'+'.join(choice.families)}, {choice.tying} weights, lambda {choice.lam:g}, scaling "
+          f"{choice.scaling}; cross-validated "
           f"LDS on the training contexts {choice.cv_lds:.3f} ({len(instances)} contexts x {args.masks} masks)")
     if args.out:
         print(f"normx: wrote {stored.write(record, Path(args.out))}", file=sys.stderr)

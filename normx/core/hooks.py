@@ -46,7 +46,8 @@ def output_tensor(output) -> torch.Tensor:
 def hooked(modules: Mapping[str, nn.Module], on_call: OnCall, inputs: Collection[str] = ()) -> Iterator[None]:
     """Call ``on_call(key, args, kwargs, output)`` after each run of each named module *in this thread* during the
     ``with`` body; a value it returns (not None) replaces the module's output. For the keys in ``inputs`` it is
-    called *before* the module runs instead, with ``output=None`` (its return value is ignored). All hooks are
+    called *before* the module runs instead, with ``output=None``; a dict it returns (not None) replaces the call's
+    keyword inputs (:func:`change_inputs`). All hooks are
     removed on exit; on a clean exit a module that never ran (in this thread) raises :class:`HookNotFiredError`."""
     fired: set[str] = set()
     handles = []
@@ -56,7 +57,10 @@ def hooked(modules: Mapping[str, nn.Module], on_call: OnCall, inputs: Collection
         def hook(_module, args, kwargs):
             if threading.get_ident() == owner:
                 fired.add(key)
-                on_call(key, args, kwargs, None)
+                changed = on_call(key, args, kwargs, None)
+                if changed is not None:  # new keyword inputs for this call
+                    return args, changed
+            return None
 
         return hook
 
@@ -142,6 +146,14 @@ def record_calls(modules: Mapping[str, nn.Module]) -> Iterator[dict[str, Call]]:
 
     with hooked(modules, on_call):
         yield store
+
+
+@contextmanager
+def change_inputs(modules: Mapping[str, nn.Module], change: Callable[[str, tuple, dict], dict]) -> Iterator[None]:
+    """While active, each named module runs (in this thread) with the keyword inputs ``change(key, args, kwargs)``
+    returns; on a clean exit every module must have run."""
+    with hooked(modules, lambda key, args, kwargs, _output: change(key, args, dict(kwargs)), inputs=set(modules)):
+        yield
 
 
 @contextmanager

@@ -49,13 +49,17 @@ def main(argv: list[str] | None = None) -> int:
                         "model pass); "
                         "heldout: the held-out readings only (calibrated_attention when weights.json is there); the "
                         "held-out records are kept and reused, so the phases can run apart")
+    parser.add_argument("--first", type=int, default=0, help="the first training context's index (contexts "
+                        "first .. first + train - 1 of the train split; context i's masks are drawn from seed i)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (1: the cost ratios the held-out "
+                        "table reports are measured at one thread)")
     args = parser.parse_args(argv)
 
     import torch
 
     import normx
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     data = data_folder(args.data)
     kinds = args.kinds.split(",")
     families = args.families.split(",")
@@ -74,17 +78,20 @@ def fit_weights(args, model, tokenizer, kinds, families, data, argv) -> None:
     from normx.methods.calibrated import weights as stored
 
     started = time.perf_counter()
-    examples = context_examples(kinds, "train", args.length, args.train, 0, data)
+    examples = context_examples(kinds, "train", args.length, args.first + args.train, 0, data)[args.first:]
     if args.phase == "fit":
         instances = training.kept_instances(args.out / "train", [e.id for e in examples], masks=args.masks,
+                                            seed=args.first,
                                             families=families)
     else:
         kept = {inst.id for inst in training.kept_instances(args.out / "train", [e.id for e in examples],
-                                                             masks=args.masks, families=families)}
+                                                             seed=args.first, masks=args.masks, families=families)}
         contexts = training_contexts(model, tokenizer, examples, kept=kept)
-        instances = training.instances_for(model, tokenizer, contexts, masks=args.masks, families=families,
+        instances = training.instances_for(model, tokenizer, contexts, masks=args.masks, seed=args.first,
+                                           families=families,
                                            keep=args.out / "train")
     described = {"data": "normx.data.contexts", "split": "train", "kinds": kinds, "length": args.length, "seed": 0,
+                 "first": args.first,
                  "max_new_tokens": 12, "ids": [inst.id for inst in instances],
                  "command": "python -m studies.context.calibrate " + " ".join(argv or sys.argv[1:])}
     record, choice = training.fitted_record(model, instances, families, training=described)

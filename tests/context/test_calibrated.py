@@ -17,7 +17,7 @@ from normx.cli.main import main
 from normx.errors import InvalidInputError, ModelLoadError
 from normx.methods.calibrated import fit, training
 from normx.methods.calibrated import weights as stored
-from normx.methods.calibrated.readings import shape
+from normx.methods.calibrated.readings import SCALAR, shape
 from normx.models import get_adapter
 from normx.models.identity import model_identity
 
@@ -148,17 +148,20 @@ def test_the_method_is_weighted_attention_from_the_predicting_positions(llama):
         normx.explain(model, tok, "the film", method="calibrated_attention")
 
 
-def test_every_family_sums_to_theta_times_the_training_features(llama, tmp_path):
+@pytest.mark.parametrize("families", [("attention", "norm", "logit"), ("knockout", "knockout_abs"),
+                                      ("tokens", "source_knockout"), ("norm", "knockout", "source_knockout")])
+def test_every_family_sums_to_theta_times_the_training_features(llama, tmp_path, families):
     model, tok = llama
     blocks, heads = shape(model, get_adapter(model))
     ids = tok("the film was good. a dull plot! it was long. and so on")["input_ids"]
     length, spans = len(ids) - 3, [(1, 5), (5, 9), (9, len(ids) - 3)]
     rng = np.random.default_rng(3)
-    families = ("attention", "norm", "logit")
-    theta = {f: rng.normal(size=(blocks, heads)) for f in families}
-    path = stored.write(record_for(model, theta, families), tmp_path / "w.json")
+    theta = {f: rng.normal(size=(1, 1) if f in SCALAR else (blocks, heads)) for f in families}
+    record = stored.make_record("calibrated_attention", model_identity(model), families, theta, (blocks, heads),
+                                0.1, "logprob", 0.5, {"contexts": 3})
+    path = stored.write(record, tmp_path / "w.json")
     g = normx.explain_generation(model, tok, tok.decode(ids[1:length]), method="calibrated_attention",
-                                 target=ids[length:], weights=str(path))
+                                 target=ids[length:], weights=str(path), sources=spans)
     assert list(g.token_ids) == ids
     scores = [sum(float(np.nansum(row[a:b])) for row in g.rows()) for a, b in spans]
     features = training.source_features(model, ids, length, spans, families)
@@ -212,3 +215,54 @@ def test_the_fingerprint_is_kept_until_a_weight_changes():
         next(model.parameters()).add_(1.0)  # changed in place: fingerprinted again
     assert stored._identity(model)["weights"] != first["weights"] == model_identity(tiny.build(
         "LlamaForCausalLM", fresh=True)[0])["weights"]
+
+
+def test_per_source_families_are_their_closed_forms(llama):
+    model, tok = llama
+    ids = tok("the film was good. a dull plot! it was long. and so on")["input_ids"]
+    length, spans = len(ids) - 3, [(1, 5), (5, 9), (9, len(ids) - 3)]
+    features = training.source_features(model, ids, length, spans, ("tokens", "source_knockout"))
+    assert features["tokens"][:, 0, 0].tolist() == [4, 4, len(ids) - 12]
+    tensor = torch.tensor([ids])
+    with torch.no_grad():
+        full = torch.log_softmax(model(tensor).logits[0, length - 1:-1].double(), -1)
+        whole = float(full.gather(1, tensor[0, length:, None]).sum())
+        for j, (a, b) in enumerate(spans):  # hidden from the response's rows only: a 4D mask on one whole pass
+            allowed = torch.ones(len(ids), len(ids)).tril().bool()
+            allowed[length - 1:len(ids) - 1, a:b] = False
+            mask = torch.where(allowed, torch.zeros(()), torch.finfo(torch.float32).min)[None, None]
+            hidden = torch.log_softmax(model(tensor, attention_mask=mask).logits[0, length - 1:-1].double(), -1)
+            drop = whole - float(hidden.gather(1, tensor[0, length:, None]).sum())
+            assert features["source_knockout"][j, 0, 0] == pytest.approx(drop, rel=1e-4, abs=1e-5)
+
+
+def test_tied_and_per_source_weights_expand_to_their_tables():
+    theta = np.array([0.5, 1.0, 2.0, 3.0, 4.0])
+    tables = fit.expand(theta, ("attention", "tokens", "norm"), "block", (2, 3), scalar=("tokens",))
+    assert tables["attention"].tolist() == [[0.5] * 3, [1.0] * 3]
+    assert tables["tokens"].tolist() == [[2.0]] and tables["norm"].tolist() == [[3.0] * 3, [4.0] * 3]
+    tables = fit.expand(np.array([0.5, 2.0, 3.0]), ("attention", "tokens", "norm"), "all", (2, 3), scalar=("tokens",))
+    assert tables["attention"].tolist() == [[0.5] * 3] * 2 and tables["tokens"].tolist() == [[2.0]]
+    assert tables["norm"].tolist() == [[3.0] * 3] * 2
+    rng = np.random.default_rng(5)
+    made = instances(rng, {"attention": np.full((2, 3), 0.7)}, count=10)
+    assert fit.cross_validate(made, ["attention"], 1e-3, "logprob", 5, "all") > 0.99  # one shared weight suffices
+
+
+def test_kept_outcomes_are_reused_and_only_missing_families_computed(llama, tmp_path, monkeypatch):
+    model, tok = llama
+    ids = tok("the film was good. a dull plot! it was long. and so on")["input_ids"]
+    context = {"id": "c0", "ids": ids, "prompt_length": len(ids) - 3, "spans": [(1, 5), (5, 9), (9, len(ids) - 3)]}
+    first = training.instances_for(model, tok, [context], masks=4, seed=7, families=("attention",), keep=tmp_path,
+                                   progress=False)
+    calls = []
+    real = training.source_features
+    monkeypatch.setattr(training, "masked_outcomes", lambda *a, **k: pytest.fail("outcomes computed again"))
+    monkeypatch.setattr(training, "source_features", lambda *a, **k: calls.append(a[4]) or real(*a, **k))
+    again = training.instances_for(model, tok, [context], masks=4, seed=7, families=("attention", "tokens"),
+                                   keep=tmp_path, progress=False)
+    assert calls == [["tokens"]] and np.array_equal(again[0].y, first[0].y)
+    assert np.array_equal(again[0].features["attention"], first[0].features["attention"])
+    kept = training.kept_instances(tmp_path, ["c0"], masks=4, seed=7, families=("tokens",))
+    assert len(kept) == 1 and set(kept[0].features) == {"tokens"}
+    assert training.kept_instances(tmp_path, ["c0"], masks=4, seed=8, families=("tokens",)) == []  # other masks

@@ -1,18 +1,24 @@
-"""``calibrated_attention``: a one-pass context method whose per-(family, block, head) weights were fitted, per
-model, to what removing sources does to the response (``normx calibrate``; :mod:`~normx.methods.calibrated.fit`),
-AT2's idea (Cohen-Wang et al. 2025) fitted by a closed-form ridge on normx's own removal operator.
+"""``calibrated_attention``: a context method whose weights over normx's attention readings were fitted, per model,
+to what removing sources does to the response (``normx calibrate``; :mod:`~normx.methods.calibrated.fit`): AT2's
+idea (Cohen-Wang et al. 2025) fitted by a closed-form ridge on normx's own removal operator.
 
 For the response token y_t, read at the position q_t that predicts it, step t's row is
 
-    row_t[i] = sum_(f, l, h) theta^f_(l,h) R^(f,l,h)_(q_t, i)
+    row_t[i] = sum_(f, l, h) theta^f_(l,h) R^(f,l,h)_(q_t, i)  +  sum_(per-source f) theta^f s^f_(j(i), t) / |j(i)|
 
-over the readings R of :mod:`~normx.methods.calibrated.readings` (``attention``: alpha^(l,h)_(q_t,i); ``norm``:
-alpha * ||W_O^h v_i||; ``logit``: alpha * <W_O^h v_i, g_t>) the stored weights use, so a source's score (its
-tokens' entries summed over the steps) is theta^T F_j, the fitted prediction of the drop in the response's
-log-probability when the source is removed. One forward pass with eager attention (and, for ``logit``, one
-backward through the final norm and head at the response positions). The weights: the file ``weights=`` names,
-else the ones stored for the model's fingerprint (:mod:`~normx.methods.calibrated.weights`); none is an error that
-names ``normx calibrate``.
+over the per-head readings R of :mod:`~normx.methods.calibrated.readings` (``attention``: alpha^(l,h)_(q_t,i);
+``norm``: alpha * ||W_O^h v_i||; ``logit``: alpha * <W_O^h v_i, g_t>; ``knockout`` / ``knockout_abs``: the
+gradient of the response's log-probability with respect to a bias on that attention score, and its size) and the
+per-source readings s of the source j(i) holding token i (``tokens``: its size; ``source_knockout``: the exact drop
+in log p(y_t) when the response's rows cannot read it), so that a source's score (its tokens' entries summed over
+the steps) is theta^T F_j, the fitted prediction of the drop in the response's log-probability when the source is
+removed. The weights decide the cost: the per-head attention families one eager forward pass (``logit``: and one
+backward through the final norm and head), the knockout families one pass over the prompt and one forward and
+backward pass over the response's rows, ``source_knockout`` one pass over the prompt and one over the response's
+rows per source (batched), ``tokens`` nothing but the sources. The sources: the ``sources`` option, as the
+ablation methods take it (the prompt's sentences by default). The weights: the file ``weights=`` names, else the
+ones stored for the model's fingerprint (:mod:`~normx.methods.calibrated.weights`; the smollm2 preset ships its
+own); none is an error that names ``normx calibrate``.
 """
 
 from __future__ import annotations
@@ -21,9 +27,9 @@ import numpy as np
 
 from normx._torch import torch
 from normx.errors import InvalidInputError
-from normx.methods.ablation import SOURCES_OPTION, _refuse, _supports
+from normx.methods.ablation import BATCH_OPTION, SOURCES_OPTION, _refuse, _supports, prompt_sources
 from normx.methods.calibrated import weights as stored
-from normx.methods.calibrated.readings import head_readings, shape
+from normx.methods.calibrated.readings import SCALAR, head_readings, shape, source_readings
 from normx.methods.registry import Method, Option, register_method
 from normx.methods.response import ResponseContext, ResponseRows
 
@@ -46,29 +52,61 @@ def load_weights(model, adapter, path: str | None) -> tuple[dict, str]:
 def calibrated(ctx: ResponseContext) -> ResponseRows:
     record, where = load_weights(ctx.model, ctx.adapter, ctx.options["weights"])
     families = record["families"]
-    theta = torch.tensor(np.array([record["weights"][f] for f in families]), dtype=torch.float32,
-                         device=ctx.handle.device)  # [F, L, H]
+    heads = [f for f in families if f not in SCALAR]
+    scalar = [f for f in families if f in SCALAR]
+    rows = np.zeros((ctx.steps, len(ctx.ids)), np.float64)
+    logits = None
+    if heads:
+        theta = torch.tensor(np.array([record["weights"][f] for f in heads]), dtype=torch.float32,
+                             device=ctx.handle.device)  # [F, L, H]
 
-    def weighted(layer, block):  # [F, H, Q, T] -> [Q, T]
-        return torch.einsum("fhqt,fh->qt", block, theta[:, layer - 1])
+        def weighted(layer, block):  # [F, H, Q, T] -> [Q, T]
+            return torch.einsum("fhqt,fh->qt", block, theta[:, layer - 1])
 
-    per_block, logits = head_readings(ctx.handle, ctx.ids, ctx.prompt_length, families, weighted, NAME)
-    rows = sum(per_block.values()).cpu().numpy().astype(np.float32)  # [n, T]
-    return ResponseRows(rows, logits, {}, {
-        "scope": "response", "weights_file": where, "sources": "every token (rows are per token)",
-        "families": list(families),
-        "rows": "step t: sum over the weighted families, blocks and heads of the readings from the position that "
-                "predicts token t; a source's score (its tokens summed over the steps) is the fitted prediction of "
-                "the drop in the response's log-probability when it is removed"})
+        per_block, logits = head_readings(ctx.handle, ctx.ids, ctx.prompt_length, heads, weighted, NAME)
+        rows += sum(per_block.values()).double().cpu().numpy()
+    spans = None
+    if scalar:
+        sources = prompt_sources(ctx)
+        values, found = source_readings(ctx.handle, ctx.ids, ctx.prompt_length, sources, scalar, NAME,
+                                        ctx.options["internal_batch_size"] or ctx.batch_size)
+        logits = found if logits is None else logits
+        for family in scalar:
+            weight = record["weights"][family][0][0]
+            for members, per_step in zip(sources, values[family]):
+                rows[:, members] += weight * per_step[:, None] / len(members)
+        spans = [[m[0], m[-1] + 1] for m in sources]
+    if logits is None:  # only `tokens`: the logits from one plain pass
+        logits = _plain_logits(ctx)
+    settings = {
+        "scope": "response", "weights_file": where, "families": list(families),
+        "rows": "step t: sum over the weighted families (per block and head: the readings from the position that "
+                "predicts token t; per source: its share of step t, spread evenly over its tokens); a source's score "
+                "(its tokens summed over the steps) is the fitted prediction of the drop in the response's "
+                "log-probability when it is removed"}
+    if spans is not None:
+        settings["source_spans"] = spans
+    return ResponseRows(rows.astype(np.float32), logits, {}, settings)
+
+
+def _plain_logits(ctx: ResponseContext) -> torch.Tensor:
+    from normx.methods.response import response_positions
+
+    ids = torch.tensor([ctx.ids], device=ctx.handle.device)
+    with ctx.handle.using(), torch.no_grad():
+        out = ctx.model(input_ids=ids)
+    return out.logits[0, response_positions(ctx.prompt_length, len(ctx.ids))].float()
 
 
 register_method(Method(
     NAME, _refuse,
-    "Calibrated attention: per-(block, head) weights over the attention from each response token's predicting "
-    "position (and, where the fit chose them, norm-weighted and direct-logit readings), fitted per model by "
-    "`normx calibrate` to the response's log-probability under random source removals; one forward pass",
+    "Calibrated attention: weights over normx's attention readings from the response's rows (per head: attention, "
+    "norm-weighted, direct-logit, knockout gradients; per source: its size and the exact drop when the response "
+    "cannot read it), fitted per model by `normx calibrate` to the response's log-probability under random source "
+    "removals; about one forward pass",
     display="Calibrated attention", response=calibrated, response_only=True, label_dependent=True, layered=False,
     predicts=True, exclusive=True, reading="signed", supports=_supports,
-    options=[SOURCES_OPTION, Option("weights", None, "a calibrated weights file (None: the ones stored for the model's "
+    options=[SOURCES_OPTION, BATCH_OPTION, Option("weights", None, "a calibrated weights file (None: the ones stored "
+                                                  "for the model's "
                     "fingerprint by `normx calibrate --store`, or shipped with its preset)", str, none=True)],
     cost=lambda tokens, targets, options: 1.2))

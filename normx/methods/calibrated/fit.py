@@ -11,13 +11,17 @@ over the response's steps and over the tokens, from ONE unablated pass. The mode
 
 so a source's score is theta^T F_j, in log-probability units: the predicted drop when it is removed.
 
+Tying (``"head"``, ``"block"``, ``"all"``): one weight per (family, block, head), per (family, block) (the heads'
+features summed) or per family (summed over blocks and heads: a few inspectable numbers, the least data-hungry);
+the stored table is always [blocks, heads], a tied weight repeated.
+
 Fit (:func:`centred_ridge`): per instance, the design rows X_m = sum_j m_j F_j and the outcomes are centred over
 its masks (the instance's intercept drops out), optionally divided by the instance's outcome spread (``"spread"``:
 every instance weighs the same, as AT2's per-instance Pearson objective, without Adam); the columns are scaled by
 their root mean square over every centred row; theta solves the ridge normal equations (X^T X + lambda * trace/D *
 I) theta = X^T y in float64 (closed form, deterministic), and is scaled back. Choice (:func:`choose`): the feature
-families, lambda and the outcome scaling by K-fold cross-validation over instances (folds by instance, never by
-mask), scored by the mean over the left-out instances of the Spearman correlation between predicted and actual
+families, the tying, lambda and the outcome scaling by K-fold cross-validation over instances (folds by instance,
+never by mask), scored by the mean over the left-out instances of the Spearman correlation between predicted and actual
 outcomes over their masks (the LDS on training masks).
 """
 
@@ -33,6 +37,7 @@ from normx.errors import InvalidInputError
 
 LAMBDAS = (1e-3, 1e-2, 1e-1, 1.0, 10.0, 100.0, 1000.0)
 SCALINGS = ("logprob", "spread")
+TYINGS = ("all", "block", "head")  # fewest weights first
 
 
 @dataclass
@@ -45,10 +50,37 @@ class Instance:
     y: np.ndarray
     id: str = ""
 
-    def design(self, families: Sequence[str]) -> np.ndarray:
-        """X [M, D]: the kept sources' features summed, ``families`` flattened in order."""
-        f = np.concatenate([self.features[name].reshape(len(self.masks[0]), -1) for name in families], axis=1)
+    def design(self, families: Sequence[str], tying: str = "head") -> np.ndarray:
+        """X [M, D]: the kept sources' features summed, ``families`` (tied by ``tying``) flattened in order."""
+        sources = len(self.masks[0])
+        f = np.concatenate([tied(self.features[name], tying).reshape(sources, -1) for name in families], axis=1)
         return self.masks.astype(np.float64) @ f.astype(np.float64)
+
+
+def tied(features: np.ndarray, tying: str) -> np.ndarray:
+    """Features [sources, blocks, heads] as the tying weighs them: as they are, summed over the heads, or over both."""
+    if tying not in TYINGS:
+        raise InvalidInputError(f"tying={tying!r} is not allowed; use one of {TYINGS}")
+    return features if tying == "head" else features.sum(2) if tying == "block" else features.sum((1, 2))
+
+
+def expand(theta: np.ndarray, families: Sequence[str], tying: str, shape: tuple[int, int],
+           scalar: Sequence[str] = ()) -> dict[str, np.ndarray]:
+    """{family: [blocks, heads]} weights from a fitted theta (a tied weight repeated over its blocks / heads); the
+    families in ``scalar`` (one feature per source) get a 1 x 1 table."""
+    blocks, heads = shape
+    size = {"head": blocks * heads, "block": blocks, "all": 1}[tying]
+    tables, at = {}, 0
+    for family in families:
+        if family in scalar:
+            tables[family] = np.array([[float(theta[at])]])
+            at += 1
+            continue
+        part = np.asarray(theta[at:at + size], np.float64)
+        at += size
+        tables[family] = (part.reshape(blocks, heads) if tying == "head" else
+                          np.repeat(part[:, None], heads, 1) if tying == "block" else np.full((blocks, heads), part[0]))
+    return tables
 
 
 @dataclass
@@ -59,13 +91,15 @@ class Choice:
     lam: float
     scaling: str
     cv_lds: float
+    tying: str = "head"
     table: list[dict] = field(default_factory=list)
 
 
-def _centred(instances: Sequence[Instance], families: Sequence[str], scaling: str) -> tuple[np.ndarray, np.ndarray]:
+def _centred(instances: Sequence[Instance], families: Sequence[str], scaling: str, tying: str = "head"
+             ) -> tuple[np.ndarray, np.ndarray]:
     xs, ys = [], []
     for inst in instances:
-        x = inst.design(families)
+        x = inst.design(families, tying)
         y = np.asarray(inst.y, np.float64)
         x, y = x - x.mean(0), y - y.mean()
         if scaling == "spread":
@@ -97,12 +131,12 @@ def ridge(x: np.ndarray, y: np.ndarray, lam: float) -> np.ndarray:
     return theta
 
 
-def centred_ridge(instances: Sequence[Instance], families: Sequence[str], lam: float, scaling: str = "logprob"
-                  ) -> np.ndarray:
+def centred_ridge(instances: Sequence[Instance], families: Sequence[str], lam: float, scaling: str = "logprob",
+                  tying: str = "head") -> np.ndarray:
     """theta [D] fitted on ``instances`` (see the module's docstring)."""
     if scaling not in SCALINGS:
         raise InvalidInputError(f"scaling={scaling!r} is not allowed; use one of {SCALINGS}")
-    return ridge(*_centred(instances, families, scaling), lam)
+    return ridge(*_centred(instances, families, scaling, tying), lam)
 
 
 def spearman(a: np.ndarray, b: np.ndarray) -> float:
@@ -120,9 +154,9 @@ def spearman(a: np.ndarray, b: np.ndarray) -> float:
     return float((ra * rb).sum() / scale) if scale > 0 else 0.0
 
 
-def instance_lds(instance: Instance, families: Sequence[str], theta: np.ndarray) -> float:
+def instance_lds(instance: Instance, families: Sequence[str], theta: np.ndarray, tying: str = "head") -> float:
     """The Spearman correlation over the instance's masks between predicted and actual outcomes."""
-    return spearman(instance.design(families) @ theta, instance.y)
+    return spearman(instance.design(families, tying) @ theta, instance.y)
 
 
 def folds_of(count: int, folds: int) -> list[np.ndarray]:
@@ -133,14 +167,14 @@ def folds_of(count: int, folds: int) -> list[np.ndarray]:
 
 
 def cross_validate(instances: Sequence[Instance], families: Sequence[str], lam: float, scaling: str,
-                   folds: int = 5) -> float:
+                   folds: int = 5, tying: str = "head") -> float:
     """The mean LDS of left-out instances over ``folds`` folds, each fitted on the other instances."""
     scores = []
     for left in folds_of(len(instances), folds):
         held = set(left.tolist())
         train = [inst for i, inst in enumerate(instances) if i not in held]
-        theta = centred_ridge(train, families, lam, scaling)
-        scores += [instance_lds(instances[i], families, theta) for i in left]
+        theta = centred_ridge(train, families, lam, scaling, tying)
+        scores += [instance_lds(instances[i], families, theta, tying) for i in left]
     return float(np.mean(scores))
 
 
@@ -150,16 +184,19 @@ def family_sets(candidates: Sequence[str]) -> list[tuple[str, ...]]:
 
 
 def choose(instances: Sequence[Instance], candidates: Sequence[str], lambdas: Sequence[float] = LAMBDAS,
-           scalings: Sequence[str] = SCALINGS, folds: int = 5) -> Choice:
-    """The families, lambda and scaling with the best cross-validated LDS (ties: fewer families, the larger
-    lambda, the listed scaling first)."""
+           scalings: Sequence[str] = SCALINGS, folds: int = 5, tyings: Sequence[str] = TYINGS) -> Choice:
+    """The families, tying, lambda and scaling with the best cross-validated LDS (ties: fewer families, fewer
+    weights, the larger lambda, the listed scaling first)."""
     table, best = [], None
     for families in family_sets(candidates):
-        for scaling in scalings:
-            for lam in sorted(lambdas, reverse=True):
-                score = cross_validate(instances, families, lam, scaling, folds)
-                table.append({"families": list(families), "lambda": lam, "scaling": scaling, "cv_lds": score})
-                if best is None or score > best.cv_lds + 1e-12:
-                    best = Choice(tuple(families), lam, scaling, score)
+        per_source = all(instances[0].features[f].shape[1:] == (1, 1) for f in families)
+        for tying in (tyings[:1] if per_source else tyings):  # one number per source: every tying is the same
+            for scaling in scalings:
+                for lam in sorted(lambdas, reverse=True):
+                    score = cross_validate(instances, families, lam, scaling, folds, tying)
+                    table.append({"families": list(families), "tying": tying, "lambda": lam, "scaling": scaling,
+                                  "cv_lds": score})
+                    if best is None or score > best.cv_lds + 1e-12:
+                        best = Choice(tuple(families), lam, scaling, score, tying)
     best.table = table
     return best

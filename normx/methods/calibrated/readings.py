@@ -8,7 +8,21 @@ forward pass with eager attention (:func:`normx.methods.decoder.maps.read_blocks
   token i (Kobayashi's norm-based attention, per head);
 - ``logit``: alpha^(l,h)_(q_t,i) * <W_O^h v_i^(l,h), g_t>, what head h moves from token i read by the gradient g_t
   of log p(y_t | y_<t) at q_t's last hidden state, through the model's final norm and head (a signed direct effect
-  on the token's log-probability, in nats to first order).
+  on the token's log-probability, in nats to first order);
+- ``knockout``: G^(l,h)_(t,i), the gradient of the whole response's log-probability with respect to an additive
+  bias on head h's attention score from q_t to token i (:mod:`normx.methods.decoder.knockout`: the first-order
+  change if q_t attended less to i, through every later block and response position); ``knockout_abs``: |G|.
+  These two need no eager pass: one forward over the prompt, one over the response's rows on its cache, and one
+  backward through those rows (about 1.1 forward passes); the other families one eager pass (and, for ``logit``,
+  one backward through the final norm and head).
+
+Two families are per source, not per head (their weight tables are 1 x 1; :func:`source_readings`), for methods
+that know the prompt's sources (the ablation methods' ``sources`` option):
+
+- ``tokens``: the source's number of tokens (what removing that much context does, whatever it says);
+- ``source_knockout``: the exact drop in the response's log-probability when the source's tokens are hidden from
+  the response's rows at every block and head (:func:`normx.methods.decoder.knockout.hidden_source_outcomes`: one
+  pass over the response's rows per source, batched, on the prompt's cache).
 
 :func:`head_readings` hands each block's [families, heads, steps, tokens] block to a ``reduce`` callback inside the
 pass (so a pass keeps what ``reduce`` returns, not every block's readings): the calibrated method contracts it with
@@ -22,14 +36,19 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
+
 from normx._torch import torch
 from normx.core.forward import Pass
 from normx.errors import InvalidInputError, UnsupportedModelError
 from normx.methods.decoder.heads import block_attention, decoder_reason
+from normx.methods.decoder.knockout import hidden_source_outcomes, knockout_gradients
 from normx.methods.decoder.maps import read_blocks
 from normx.methods.response import response_positions
 
-FAMILIES = ("attention", "norm", "logit")
+FAMILIES = ("attention", "norm", "logit", "knockout", "knockout_abs", "tokens", "source_knockout")
+KNOCKOUT = ("knockout", "knockout_abs")  # read by the knockout pass, not the eager one
+SCALAR = ("tokens", "source_knockout")  # one number per source: 1 x 1 weight tables
 
 
 def check_families(families: Sequence[str]) -> tuple[str, ...]:
@@ -56,7 +75,9 @@ def head_readings(handle, ids: Sequence[int], prompt_length: int, families: Sequ
     reduce(l, readings [families, heads, steps, tokens] float32)}, logits [steps, V] predicting each response
     token)``. ``handle``: :func:`normx.core.handle.model_handle`'s (``.base``, ``.adapter``, ``.device``,
     ``.using()``)."""
-    families = check_families(families)
+    families = tuple(f for f in check_families(families) if f not in SCALAR)
+    if not families:
+        raise InvalidInputError(f"{method}: head_readings reads per-head families, got only per-source ones")
     model, adapter = handle.base, handle.adapter
     reason = decoder_reason(adapter)
     if reason is not None:
@@ -65,6 +86,11 @@ def head_readings(handle, ids: Sequence[int], prompt_length: int, families: Sequ
     if not 0 < prompt_length < total:
         raise InvalidInputError(f"{method} needs a prompt and a response, got {prompt_length} of {total} tokens")
     blocks, _ = shape(model, adapter)
+    knocked, logits = _knockout_parts(handle, ids, prompt_length, families, method)
+    eager = [f for f in families if f not in KNOCKOUT]
+    if not eager:
+        return {layer: reduce(layer, torch.stack([knocked[layer][f] for f in families]))
+                for layer in range(1, blocks + 1)}, logits
     tensor = torch.tensor([list(ids)], device=handle.device)
     run = Pass(model, adapter, {"input_ids": tensor, "attention_mask": torch.ones_like(tensor)}, [blocks])
     queries = torch.tensor([response_positions(prompt_length, total)], device=handle.device)
@@ -85,6 +111,7 @@ def head_readings(handle, ids: Sequence[int], prompt_length: int, families: Sequ
             if "logit" in families:
                 later[block.layer] = (alpha, v, w_o)
                 return None
+        parts.update(knocked.get(block.layer, {}))
         out[block.layer] = reduce(block.layer, torch.stack([parts[f] for f in families]))
         return None
 
@@ -100,8 +127,42 @@ def head_readings(handle, ids: Sequence[int], prompt_length: int, families: Sequ
                 parts["norm"] = alpha * torch.einsum("thd,hdo->tho", v, w_o).norm(dim=-1).T[:, None, :]
             pulled = torch.einsum("hdo,qo->qhd", w_o, grads)  # (W_O^h)^T g_t
             parts["logit"] = alpha * torch.einsum("thd,qhd->hqt", v, pulled)
+            parts.update(knocked.get(layer, {}))
             out[layer] = reduce(layer, torch.stack([parts[f] for f in families]))
     return out, logits
+
+
+def source_readings(handle, ids: Sequence[int], prompt_length: int, sources: Sequence[Sequence[int]],
+                    families: Sequence[str], method: str, batch_size: int = 8
+                    ) -> tuple[dict[str, np.ndarray], torch.Tensor | None]:
+    """{family: [sources, steps] float64} for the per-source families asked for (each step's share: summed over the
+    steps, ``tokens`` is the source's size and ``source_knockout`` its drop in the response's log-probability), and
+    the logits predicting the response (None unless ``source_knockout`` ran)."""
+    steps = len(ids) - prompt_length
+    out: dict[str, np.ndarray] = {}
+    logits = None
+    if "tokens" in families:
+        out["tokens"] = np.repeat(np.array([[len(m) / steps] for m in sources], np.float64), steps, axis=1)
+    if "source_knockout" in families:
+        log_p, logits = hidden_source_outcomes(handle, ids, prompt_length, sources, method, batch_size)
+        out["source_knockout"] = (log_p[0][None] - log_p[1:]).numpy()
+    return out, logits
+
+
+def _knockout_parts(handle, ids, prompt_length: int, families, method: str
+                    ) -> tuple[dict[int, dict[str, torch.Tensor]], torch.Tensor | None]:
+    """{block l: {family: [heads, steps, tokens]}} for the knockout families asked for (zero in the last token's
+    column: no row reads it), and the logits of that pass (None when none is asked for)."""
+    wanted = [f for f in families if f in KNOCKOUT]
+    if not wanted:
+        return {}, None
+    grads, logits = knockout_gradients(handle, ids, prompt_length, method)  # [L, H, n, T - 1]
+    grads = torch.nn.functional.pad(grads, (0, 1))
+    parts = {}
+    for index in range(grads.shape[0]):
+        g = grads[index]
+        parts[index + 1] = {f: (g if f == "knockout" else g.abs()) for f in wanted}
+    return parts, logits
 
 
 def _gradients(model, adapter, last: torch.Tensor, targets: torch.Tensor, handle, wanted: bool

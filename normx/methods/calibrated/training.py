@@ -19,8 +19,8 @@ from normx.core.batch import Encoded
 from normx.core.handle import model_handle
 from normx.errors import InvalidInputError
 from normx.methods.ablation.forwards import outcomes
-from normx.methods.calibrated.fit import LAMBDAS, Choice, Instance, centred_ridge, choose
-from normx.methods.calibrated.readings import FAMILIES, check_families, head_readings, shape
+from normx.methods.calibrated.fit import LAMBDAS, Choice, Instance, centred_ridge, choose, expand
+from normx.methods.calibrated.readings import FAMILIES, SCALAR, check_families, head_readings, shape, source_readings
 from normx.methods.calibrated.weights import make_record
 from normx.methods.response import ResponseContext
 from normx.models.identity import model_identity
@@ -30,16 +30,25 @@ METHOD = "calibrated_attention"  # the registered method the weights are for
 
 def source_features(model, ids: Sequence[int], prompt_length: int, spans: Sequence[tuple[int, int]],
                     families: Sequence[str] = FAMILIES, method: str = "calibration") -> dict[str, np.ndarray]:
-    """{family: [sources, blocks, heads]}: each source's readings summed over the response's steps and its tokens."""
+    """{family: [sources, blocks, heads]} (per-source families: [sources, 1, 1]): each source's readings summed
+    over the response's steps and its tokens."""
     handle = model_handle(model)
+    families = check_families(families)
+    found: dict[str, np.ndarray] = {}
+    heads = [f for f in families if f not in SCALAR]
+    if heads:
+        def over_steps(_layer, block):  # [F, H, Q, T] -> [F, H, T]
+            return block.sum(2).double().cpu().numpy()
 
-    def over_steps(_layer, block):  # [F, H, Q, T] -> [F, H, T]
-        return block.sum(2).double().cpu().numpy()
-
-    per_block, _ = head_readings(handle, ids, prompt_length, families, over_steps, method)
-    stacked = np.stack([per_block[layer] for layer in sorted(per_block)], axis=1)  # [F, L, H, T]
-    by_source = np.stack([stacked[..., a:b].sum(-1) for a, b in spans], axis=0)  # [S, F, L, H]
-    return {family: by_source[:, k] for k, family in enumerate(families)}
+        per_block, _ = head_readings(handle, ids, prompt_length, heads, over_steps, method)
+        stacked = np.stack([per_block[layer] for layer in sorted(per_block)], axis=1)  # [F, L, H, T]
+        by_source = np.stack([stacked[..., a:b].sum(-1) for a, b in spans], axis=0)  # [S, F, L, H]
+        found.update({family: by_source[:, k] for k, family in enumerate(heads)})
+    scalar = [f for f in families if f in SCALAR]
+    if scalar:
+        values, _ = source_readings(handle, ids, prompt_length, [list(range(a, b)) for a, b in spans], scalar, method)
+        found.update({family: values[family].sum(1)[:, None, None] for family in scalar})
+    return {family: found[family] for family in families}
 
 
 def masked_outcomes(model, tokenizer, ids: Sequence[int], prompt_length: int, spans: Sequence[tuple[int, int]],
@@ -71,19 +80,25 @@ def collect(model, tokenizer, ids: Sequence[int], prompt_length: int, spans: Seq
     return Instance(features, drawn, y, id)
 
 
-def _saved(folder: Path | None, id: str, key: str) -> Instance | None:
-    """A training instance kept by an earlier run with the same settings (``key``); None if absent or other."""
+def _saved(folder: Path | None, id: str, masks: int, seed: int) -> Instance | None:
+    """A training instance kept by an earlier run for context ``id`` with ``masks`` masks drawn from ``seed``, with
+    whatever feature families it computed; None if absent, other or damaged (computed again)."""
     file = None if folder is None else folder / f"{hashlib.sha256(id.encode()).hexdigest()[:16]}.npz"
     if file is None or not file.is_file() or file.is_symlink():
         return None
     try:
         with np.load(file, allow_pickle=False) as data:
-            if str(data["key"]) != key or str(data["id"]) != id:
+            key = json.loads(str(data["key"]))
+            if (not isinstance(key, dict) or key.get("masks") != masks or key.get("seed") != seed
+                    or str(data["id"]) != id):
                 return None
             features = {f: data[f"f_{f}"] for f in FAMILIES if f"f_{f}" in data}
-            return Instance(features, data["masks"].astype(bool), data["y"], id)
-    except (OSError, ValueError, KeyError):
-        return None  # a damaged file: computed again
+            inst = Instance(features, data["masks"].astype(bool), data["y"], id)
+    except (OSError, ValueError, KeyError, json.JSONDecodeError):
+        return None
+    if inst.masks.shape != (masks, inst.masks.shape[1]) or inst.y.shape != (masks,):
+        return None
+    return inst
 
 
 def _save(folder: Path, inst: Instance, key: str) -> None:
@@ -111,36 +126,52 @@ def training_hash(instances: Sequence[Instance]) -> str:
     return digest.hexdigest()
 
 
-def _key(masks: int, seed: int, families: Sequence[str]) -> str:
-    return json.dumps({"masks": masks, "seed": seed, "families": list(families)}, sort_keys=True)
+def _key(masks: int, seed: int) -> str:
+    """What a kept instance's outcomes depend on (its features are stored per family beside them)."""
+    return json.dumps({"masks": masks, "seed": seed}, sort_keys=True)
+
+
+def _with(inst: Instance | None, families: Sequence[str]) -> Instance | None:
+    """``inst`` restricted to ``families`` (None unless it has all of them)."""
+    if inst is None or any(f not in inst.features for f in families):
+        return None
+    return Instance({f: inst.features[f] for f in families}, inst.masks, inst.y, inst.id)
 
 
 def kept_instances(keep: Path, ids: Sequence[str], *, masks: int = 32, seed: int = 0,
                    families: Sequence[str] = FAMILIES) -> list[Instance]:
-    """The instances an earlier :func:`instances_for` kept in ``keep`` for the contexts ``ids`` with the same
-    settings, in order, skipping the ones it has not finished (no model needed)."""
-    key = _key(masks, seed, families)
-    return [inst for inst in (_saved(keep, id, key) for id in ids) if inst is not None]
+    """The instances an earlier :func:`instances_for` kept in ``keep`` for the contexts ``ids`` (the i-th with masks
+    from ``seed + i``) holding every family in ``families``, in order, skipping the others (no model needed)."""
+    found = (_with(_saved(keep, id, masks, seed + i), families) for i, id in enumerate(ids))
+    return [inst for inst in found if inst is not None]
 
 
 def instances_for(model, tokenizer, contexts: Sequence[dict], *, masks: int = 32, seed: int = 0,
                   families: Sequence[str] = FAMILIES, batch_size: int = 8, keep: Path | None = None,
                   progress: bool = True) -> list[Instance]:
-    """One instance per context (``{"id", "ids", "prompt_length", "spans"}``), each kept in ``keep`` (a folder:
-    one .npz per context, written whole) and reused by a later run with the same settings."""
+    """One instance per context (``{"id", "ids", "prompt_length", "spans"}``; the i-th with masks drawn from
+    ``seed + i``), each kept in ``keep`` (a folder: one .npz per context, written whole) and reused by a later run
+    with the same masks: a run asking for families the kept file lacks computes only those (one pass, no masks)."""
     from tqdm.auto import tqdm
 
-    key = _key(masks, seed, families)
+    families = check_families(families)
     found = []
     for index, context in enumerate(tqdm(contexts, desc="calibration contexts", disable=not progress)):
-        inst = _saved(keep, context["id"], key)
+        inst = _saved(keep, context["id"], masks, seed + index)
         if inst is None:
             inst = collect(model, tokenizer, context["ids"], context["prompt_length"], context["spans"],
                            masks=masks, seed=seed + index, families=families, batch_size=batch_size,
                            id=context["id"])
-            if keep is not None:
-                _save(keep, inst, key)
-        found.append(inst)
+        else:
+            missing = [f for f in families if f not in inst.features]
+            if not missing:
+                found.append(_with(inst, families))
+                continue
+            inst.features.update(source_features(model, context["ids"], context["prompt_length"],
+                                                 context["spans"], missing))
+        if keep is not None:
+            _save(keep, inst, _key(masks, seed + index))
+        found.append(_with(inst, families))
     return found
 
 
@@ -153,12 +184,12 @@ def fitted_record(model, instances: Sequence[Instance], candidates: Sequence[str
 
     candidates = check_families(candidates)
     choice = choose(instances, candidates, lambdas, folds=folds)
-    theta = centred_ridge(instances, choice.families, choice.lam, choice.scaling)
+    theta = centred_ridge(instances, choice.families, choice.lam, choice.scaling, choice.tying)
+    tables = expand(theta, choice.families, choice.tying, shape(model, get_adapter(model)), SCALAR)
     blocks, heads = shape(model, get_adapter(model))
-    size = blocks * heads
-    tables = {f: theta[k * size:(k + 1) * size].reshape(blocks, heads) for k, f in enumerate(choice.families)}
     described = {**dict(training or {}), "contexts": len(instances), "masks": len(instances[0].y),
-                 "sha256": training_hash(instances), "candidates": list(candidates), "folds": folds}
+                 "sha256": training_hash(instances), "candidates": list(candidates), "folds": folds,
+                 "tying": choice.tying}
     record = make_record(METHOD, model_identity(model), choice.families, tables, (blocks, heads), choice.lam,
                          choice.scaling, choice.cv_lds, described)
     return record, choice

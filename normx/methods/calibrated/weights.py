@@ -1,7 +1,8 @@
 """A calibrated context method's fitted weights: one JSON file per model, keyed by the model's fingerprint
 (:func:`normx.models.identity.model_identity`), written whole and checked when read.
 
-The file holds the weights theta per feature family as [blocks][heads] lists of numbers, the shape, the ridge's
+The file holds the weights theta per feature family as [blocks][heads] lists of numbers ([1][1] for a per-source
+family), the shape, the ridge's
 lambda and outcome scaling, the cross-validated score they were chosen by, what they were trained on (a
 description and the SHA-256 of the training data), the model's identity and the normx version, and ``sha256``: the
 hash of everything else in it (canonical JSON), so that a file changed by hand or cut short is refused.
@@ -26,7 +27,7 @@ from pathlib import Path
 
 from normx._version import __version__
 from normx.errors import InvalidInputError, ModelLoadError
-from normx.methods.calibrated.readings import FAMILIES
+from normx.methods.calibrated.readings import FAMILIES, SCALAR
 from normx.models.gguf_cache import cache_root
 from normx.models.identity import model_identity
 
@@ -130,9 +131,10 @@ def check(record, where: str) -> None:
         raise bad("its weights are not one table per family")
     for family in families:
         table = weights[family]
-        if (not isinstance(table, list) or len(table) != shape[0]
-                or any(not isinstance(row, list) or len(row) != shape[1] for row in table)):
-            raise bad(f"the {family} weights are not {shape[0]} x {shape[1]}")
+        rows, cols = (1, 1) if family in SCALAR else shape
+        if (not isinstance(table, list) or len(table) != rows
+                or any(not isinstance(row, list) or len(row) != cols for row in table)):
+            raise bad(f"the {family} weights are not {rows} x {cols}")
         if any(isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
                for row in table for v in row):
             raise bad(f"the {family} weights hold a value that is not a finite number")
