@@ -27,7 +27,7 @@ import numpy as np
 
 from normx._torch import torch
 from normx.errors import InvalidInputError
-from normx.methods.ablation import BATCH_OPTION, SOURCES_OPTION, _refuse, _supports, prompt_sources
+from normx.methods.ablation import BATCH_OPTION, SOURCES_OPTION, _refuse, _supports, prompt_sources, source_count
 from normx.methods.calibrated import weights as stored
 from normx.methods.calibrated.readings import SCALAR, head_readings, shape, source_readings
 from normx.methods.registry import Method, Option, register_method
@@ -109,4 +109,5 @@ register_method(Method(
     options=[SOURCES_OPTION, BATCH_OPTION, Option("weights", None, "a calibrated weights file (None: the ones stored "
                                                   "for the model's "
                     "fingerprint by `normx calibrate --store`, or shipped with its preset)", str, none=True)],
-    cost=lambda tokens, targets, options: 1.2))
+    # the shipped weights' cost: one forward pass, and the response's rows once per source (tokens counted as rows)
+    cost=lambda tokens, targets, options: 1 + source_count(tokens, options) * targets / max(tokens, 1)))

@@ -82,8 +82,9 @@ def _setup(handle, ids: Sequence[int], prompt_length: int, method: str):
 
 def _prompt_cache(model, tensor: torch.Tensor, prompt_length: int, method: str):
     """The model's own key/value cache of the prompt's first ``prompt_length - 1`` tokens."""
-    with torch.no_grad():
-        first = model(input_ids=tensor[:, :prompt_length - 1], use_cache=True)
+    keep = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+    with torch.no_grad():  # (the head on one position only: the cache is what is wanted)
+        first = model(input_ids=tensor[:, :prompt_length - 1], use_cache=True, **keep)
     cache = next((first[name] for name in ("cache", "past_key_values") if first.get(name) is not None), None)
     if cache is None:
         raise UnsupportedModelError(f"{type(model).__name__} returned no key/value cache with use_cache=True; "
