@@ -4,12 +4,11 @@ of normx.explanations.words, without punctuation-only words; and its example vie
 from __future__ import annotations
 
 import json
-import os
 import re
-from pathlib import Path
 
 import pytest
 import tiny
+from headless import page_at
 
 import normx
 from normx.bulk.report import WordSummary, report_words, write_report
@@ -45,18 +44,8 @@ def test_the_report_summarises_words_and_shows_white_space_tokens(tmp_path):
     cells = re.findall(r"<tr><td>([^<]*)</td>", summary)
     assert len(tokenizer.tokenize(" film")) > 1 and "film" in cells and "dull" in cells  # its pieces joined
     assert all(any(ch.isalnum() for ch in c) for c in cells)  # no ".", ",", "..."
-    chromium = Path(os.environ.get("NORMX_CHROMIUM", "/usr/bin/chromium"))
-    playwright = pytest.importorskip("playwright.sync_api")
-    if not chromium.is_file():
-        pytest.skip("no Chromium")
-    with playwright.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(chromium), args=["--headless", "--no-sandbox"])
-        try:
-            view = browser.new_page()
-            view.goto(index.as_uri())
-            first = view.locator("#examples tbody tr").first.locator("td.text")
-            playwright.expect(first.locator(".u").first).to_be_visible()
-            units = first.locator(".u").all_inner_texts()
-            assert "⏎" in units and not any(u and u.isspace() for u in units)
-        finally:
-            browser.close()
+    with page_at(index.as_uri()) as (playwright, view):
+        first = view.locator("#examples tbody tr").first.locator("td.text")
+        playwright.expect(first.locator(".u").first).to_be_visible()
+        units = first.locator(".u").all_inner_texts()
+        assert "⏎" in units and not any(u and u.isspace() for u in units)

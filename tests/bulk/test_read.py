@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tiny
+from headless import page_at
 
 import normx
 from normx.bulk.read import corpus_summary, load_attributions, units_of
@@ -86,31 +87,21 @@ def test_normx_show_writes_a_report_a_browser_shows(folder, tmp_path, capsys):
     assert main(["show", str(out)]) == 0  # default: inside the folder, where Parquet readers do not look
     assert (out / "_report" / "index.html").is_file() and len(pd.read_parquet(out)) == len(TEXTS)
     capsys.readouterr()
-    chromium = Path(os.environ.get("NORMX_CHROMIUM", "/usr/bin/chromium"))
-    playwright = pytest.importorskip("playwright.sync_api")
-    if not chromium.is_file():
-        pytest.skip("no Chromium")
-    with playwright.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(chromium), args=["--headless", "--no-sandbox"])
-        try:
-            view = browser.new_page()
-            view.goto(index.as_uri())
-            rows = view.locator("#examples tbody tr")
-            playwright.expect(rows).to_have_count(len(TEXTS))
-            playwright.expect(view.locator("#examples .u").first).to_be_visible()  # highlighted spans drawn
-            assert "empty" in rows.nth(2).inner_text()  # the bad row shows its reason
-            def lengths():
-                return [int(rows.nth(i).locator("td").nth(3).inner_text()) for i in range(len(TEXTS))]
+    with page_at(index.as_uri()) as (playwright, view):
+        rows = view.locator("#examples tbody tr")
+        playwright.expect(rows).to_have_count(len(TEXTS))
+        playwright.expect(view.locator("#examples .u").first).to_be_visible()  # highlighted spans drawn
+        assert "empty" in rows.nth(2).inner_text()  # the bad row shows its reason
+        def lengths():
+            return [int(rows.nth(i).locator("td").nth(3).inner_text()) for i in range(len(TEXTS))]
 
-            view.locator("th.sort[data-key='3']").click()  # by length: longest first, then shortest first
-            assert lengths() == sorted(lengths(), reverse=True)
-            view.locator("th.sort[data-key='3']").click()
-            assert lengths() == sorted(lengths())
-            shot = tmp_path / "report.png"
-            view.screenshot(path=str(shot), full_page=True)
-            assert shot.stat().st_size > 10_000
-        finally:
-            browser.close()
+        view.locator("th.sort[data-key='3']").click()  # by length: longest first, then shortest first
+        assert lengths() == sorted(lengths(), reverse=True)
+        view.locator("th.sort[data-key='3']").click()
+        assert lengths() == sorted(lengths())
+        shot = tmp_path / "report.png"
+        view.screenshot(path=str(shot), full_page=True)
+        assert shot.stat().st_size > 10_000
 
 
 def test_show_of_a_folder_without_shards_is_an_error(tmp_path, capsys):

@@ -148,7 +148,7 @@ def test_the_method_is_weighted_attention_from_the_predicting_positions(llama):
         normx.explain(model, tok, "the film", method="calibrated_attention")
 
 
-@pytest.mark.parametrize("families", [("attention", "norm", "logit"), ("knockout", "knockout_abs"),
+@pytest.mark.parametrize("families", [("attention", "norm", "logit"), ("knockout", "knockout_abs"), ("tokens",),
                                       ("tokens", "source_knockout"), ("norm", "knockout", "source_knockout")])
 def test_every_family_sums_to_theta_times_the_training_features(llama, tmp_path, families):
     model, tok = llama

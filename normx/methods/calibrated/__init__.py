@@ -27,7 +27,17 @@ import numpy as np
 
 from normx._torch import torch
 from normx.errors import InvalidInputError
-from normx.methods.ablation import BATCH_OPTION, SOURCES_OPTION, _refuse, _supports, prompt_sources, source_count
+from normx.methods.ablation import (
+    BATCH_OPTION,
+    SOURCES_OPTION,
+    _refuse,
+    _rows,
+    _spans,
+    _supports,
+    prompt_sources,
+    source_count,
+)
+from normx.methods.ablation.forwards import outcomes
 from normx.methods.calibrated import weights as stored
 from normx.methods.calibrated.readings import SCALAR, head_readings, shape, source_readings
 from normx.methods.registry import Method, Option, register_method
@@ -70,14 +80,12 @@ def calibrated(ctx: ResponseContext) -> ResponseRows:
         sources = prompt_sources(ctx)
         values, found = source_readings(ctx.handle, ctx.ids, ctx.prompt_length, sources, scalar, NAME,
                                         ctx.options["internal_batch_size"] or ctx.batch_size)
-        logits = found if logits is None else logits
-        for family in scalar:
-            weight = record["weights"][family][0][0]
-            for members, per_step in zip(sources, values[family]):
-                rows[:, members] += weight * per_step[:, None] / len(members)
-        spans = [[m[0], m[-1] + 1] for m in sources]
-    if logits is None:  # only `tokens`: the logits from one plain pass
-        logits = _plain_logits(ctx)
+        for family in scalar:  # each source's share of each step, spread evenly over its tokens
+            rows += _rows(ctx, sources, record["weights"][family][0][0] * values[family])
+        spans = _spans(sources)
+        if logits is None:
+            # only `tokens`: the model's logits from one plain pass, as the ablation methods take them
+            logits = found if found is not None else outcomes(ctx, sources, np.ones((1, len(sources)), bool))[2]
     settings = {
         "scope": "response", "weights_file": where, "families": list(families),
         "rows": "step t: sum over the weighted families (per block and head: the readings from the position that "
@@ -87,15 +95,6 @@ def calibrated(ctx: ResponseContext) -> ResponseRows:
     if spans is not None:
         settings["source_spans"] = spans
     return ResponseRows(rows.astype(np.float32), logits, {}, settings)
-
-
-def _plain_logits(ctx: ResponseContext) -> torch.Tensor:
-    from normx.methods.response import response_positions
-
-    ids = torch.tensor([ctx.ids], device=ctx.handle.device)
-    with ctx.handle.using(), torch.no_grad():
-        out = ctx.model(input_ids=ids)
-    return out.logits[0, response_positions(ctx.prompt_length, len(ctx.ids))].float()
 
 
 register_method(Method(

@@ -40,8 +40,8 @@ import numpy as np
 
 from normx._torch import torch
 from normx.core.forward import Pass
-from normx.errors import InvalidInputError, UnsupportedModelError
-from normx.methods.decoder.heads import block_attention, decoder_reason
+from normx.errors import InvalidInputError
+from normx.methods.decoder.heads import block_attention, check_response, decoder_shape
 from normx.methods.decoder.knockout import hidden_source_outcomes, knockout_gradients
 from normx.methods.decoder.maps import read_blocks
 from normx.methods.response import response_positions
@@ -62,11 +62,7 @@ def check_families(families: Sequence[str]) -> tuple[str, ...]:
 
 def shape(model, adapter) -> tuple[int, int]:
     """(blocks, query heads) of a decoder: the shape of one family's weights."""
-    config = getattr(model, "config", None)
-    heads = getattr(config, "num_attention_heads", None) or getattr(config, "n_head", None)
-    if not isinstance(heads, int):
-        raise UnsupportedModelError(f"{type(model).__name__}'s config gives no number of attention heads")
-    return adapter.num_layers(model), heads
+    return decoder_shape(model, adapter)
 
 
 def head_readings(handle, ids: Sequence[int], prompt_length: int, families: Sequence[str],
@@ -79,12 +75,8 @@ def head_readings(handle, ids: Sequence[int], prompt_length: int, families: Sequ
     if not families:
         raise InvalidInputError(f"{method}: head_readings reads per-head families, got only per-source ones")
     model, adapter = handle.base, handle.adapter
-    reason = decoder_reason(adapter)
-    if reason is not None:
-        raise UnsupportedModelError(f"{method} does not explain {type(model).__name__}: {reason}")
     total = len(ids)
-    if not 0 < prompt_length < total:
-        raise InvalidInputError(f"{method} needs a prompt and a response, got {prompt_length} of {total} tokens")
+    check_response(model, adapter, total, prompt_length, method)
     blocks, _ = shape(model, adapter)
     knocked, logits = _knockout_parts(handle, ids, prompt_length, families, method)
     eager = [f for f in families if f not in KNOCKOUT]

@@ -96,7 +96,7 @@ def _saved(folder: Path | None, id: str, masks: int, seed: int) -> Instance | No
             inst = Instance(features, data["masks"].astype(bool), data["y"], id)
     except (OSError, ValueError, KeyError, json.JSONDecodeError):
         return None
-    if inst.masks.shape != (masks, inst.masks.shape[1]) or inst.y.shape != (masks,):
+    if len(inst.masks) != masks or inst.y.shape != (masks,):
         return None
     return inst
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from normx._torch import nn, torch
-from normx.errors import UnsupportedModelError
+from normx.errors import InvalidInputError, UnsupportedModelError
 from normx.models import Adapter, get_adapter
 from normx.models.decoder_attention import ATTENTION_NAMES, AttentionParts, attention_module
 
@@ -24,6 +24,26 @@ def decoder_reason(adapter: Adapter) -> str | None:
         return (f"it reads a left-to-right decoder's self-attention at the last token, and the {adapter.family} "
                 f"{adapter.kind} adapter pools its {adapter.pooling} token (not a causal decoder)")
     return None
+
+
+def decoder_shape(model, adapter: Adapter) -> tuple[int, int]:
+    """(blocks, query heads) of a decoder, from its adapter and config."""
+    config = getattr(model, "config", None)
+    heads = getattr(config, "num_attention_heads", None) or getattr(config, "n_head", None)
+    if not isinstance(heads, int):
+        raise UnsupportedModelError(f"{type(model).__name__}'s config gives no number of attention heads")
+    return adapter.num_layers(model), heads
+
+
+def check_response(model, adapter: Adapter, total: int, prompt_length: int, method: str, least: int = 1) -> None:
+    """What every reading of a response's rows checks first: a causal decoder, and a prompt of at least ``least``
+    tokens followed by at least one response token."""
+    reason = decoder_reason(adapter)
+    if reason is not None:
+        raise UnsupportedModelError(f"{method} does not explain {type(model).__name__}: {reason}")
+    if not least <= prompt_length < total:
+        raise InvalidInputError(f"{method} needs a prompt of at least {least} token{'s' if least > 1 else ''} and a "
+                                f"response, got {prompt_length} of {total} tokens")
 
 
 @dataclass(frozen=True)

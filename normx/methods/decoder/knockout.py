@@ -36,25 +36,18 @@ from collections.abc import Sequence
 from normx._torch import torch
 from normx.core.hooks import change_inputs
 from normx.errors import InvalidInputError, UnsupportedModelError
-from normx.methods.decoder.heads import block_attention, decoder_reason
+from normx.methods.decoder.heads import block_attention, check_response, decoder_shape
 
 
-def _heads(model) -> int:
-    config = getattr(model, "config", None)
-    heads = getattr(config, "num_attention_heads", None) or getattr(config, "n_head", None)
-    if not isinstance(heads, int):
-        raise UnsupportedModelError(f"{type(model).__name__}'s config gives no number of attention heads")
-    return heads
-
-
-def _cache_keyword(model) -> str:
-    """The keyword the model's forward takes its key/value cache by (transformers 5 renames it)."""
+def _keywords(model) -> tuple[str, dict]:
+    """The keyword the model's forward takes its key/value cache by (transformers 5 renames it), and what the
+    prompt's pass asks of the head (its logits at one position, where the forward can keep only those)."""
     names = inspect.signature(model.forward).parameters
-    for name in ("cache", "past_key_values"):
-        if name in names:
-            return name
-    raise UnsupportedModelError(f"{type(model).__name__}.forward takes no key/value cache (neither `cache` nor "
-                                "`past_key_values`), which the knockout reading runs the response's rows on")
+    keyword = next((name for name in ("cache", "past_key_values") if name in names), None)
+    if keyword is None:
+        raise UnsupportedModelError(f"{type(model).__name__}.forward takes no key/value cache (neither `cache` nor "
+                                    "`past_key_values`), which the knockout reading runs the response's rows on")
+    return keyword, ({"logits_to_keep": 1} if "logits_to_keep" in names else {})
 
 
 def _additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -66,25 +59,20 @@ def _additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def _setup(handle, ids: Sequence[int], prompt_length: int, method: str):
-    """(model, attention modules by block, cache keyword, heads, ids tensor) after the checks every reading makes."""
+    """(model, attention modules by block, (cache keyword, prompt pass keywords), heads, ids tensor) after the checks
+    every reading makes."""
     model, adapter = handle.base, handle.adapter
-    reason = decoder_reason(adapter)
-    if reason is not None:
-        raise UnsupportedModelError(f"{method} does not explain {type(model).__name__}: {reason}")
-    total = len(ids)
-    if not 1 < prompt_length < total:
-        raise InvalidInputError(f"{method} needs a prompt of at least 2 tokens and a response, got {prompt_length} "
-                                f"of {total} tokens")
+    check_response(model, adapter, len(ids), prompt_length, method, least=2)
+    blocks, heads = decoder_shape(model, adapter)
     modules = {str(layer): read.attention for layer, read in
-               block_attention(model, list(range(1, adapter.num_layers(model) + 1)), method, values=False).items()}
-    return model, modules, _cache_keyword(model), _heads(model), torch.tensor([list(ids)], device=handle.device)
+               block_attention(model, list(range(1, blocks + 1)), method, values=False).items()}
+    return model, modules, _keywords(model), heads, torch.tensor([list(ids)], device=handle.device)
 
 
-def _prompt_cache(model, tensor: torch.Tensor, prompt_length: int, method: str):
+def _prompt_cache(model, tensor: torch.Tensor, prompt_length: int, keywords: tuple[str, dict], method: str):
     """The model's own key/value cache of the prompt's first ``prompt_length - 1`` tokens."""
-    keep = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
-    with torch.no_grad():  # (the head on one position only: the cache is what is wanted)
-        first = model(input_ids=tensor[:, :prompt_length - 1], use_cache=True, **keep)
+    with torch.no_grad():  # (the head on one position only, where it can: the cache is what is wanted)
+        first = model(input_ids=tensor[:, :prompt_length - 1], use_cache=True, **keywords[1])
     cache = next((first[name] for name in ("cache", "past_key_values") if first.get(name) is not None), None)
     if cache is None:
         raise UnsupportedModelError(f"{type(model).__name__} returned no key/value cache with use_cache=True; "
@@ -113,12 +101,13 @@ def _biased(model, modules, bias_of, rows: int, keys: int, method: str):
     return change_inputs(modules, add_bias)
 
 
-def _rows_forward(model, modules, tensor, prompt_length: int, keyword: str, cache, bias_of, method: str):
+def _rows_forward(model, modules, tensor, prompt_length: int, keywords: tuple[str, dict], cache, bias_of,
+                 method: str):
     """The model's output over the response's rows (positions prompt_length - 1 .. T - 2) on ``cache``."""
     total = tensor.shape[1]
     try:
         with _biased(model, modules, bias_of, total - prompt_length, total - 1, method):
-            return model(input_ids=tensor[:, prompt_length - 1:total - 1], use_cache=True, **{keyword: cache})
+            return model(input_ids=tensor[:, prompt_length - 1:total - 1], use_cache=True, **{keywords[0]: cache})
     except torch.OutOfMemoryError:
         raise
     except (RuntimeError, ValueError) as exc:  # the attention code refuses a per-head or per-row float mask
@@ -132,7 +121,7 @@ def hidden_source_outcomes(handle, ids: Sequence[int], prompt_length: int, sourc
     """``(log p [1 + sources, n] float64, logits [n, V] float32)``: each response token's log-probability with
     nothing hidden (row 0) and with each source's tokens (indices into the prompt) hidden from the response's rows;
     ``batch_size`` hidden sources per pass on copies of one prompt cache."""
-    model, modules, keyword, _, tensor = _setup(handle, ids, prompt_length, method)
+    model, modules, keywords, _, tensor = _setup(handle, ids, prompt_length, method)
     total = tensor.shape[1]
     n, keys = total - prompt_length, total - 1
     dtype = next(model.parameters()).dtype
@@ -146,13 +135,13 @@ def hidden_source_outcomes(handle, ids: Sequence[int], prompt_length: int, sourc
     log_p = torch.zeros(1 + len(sources), n, dtype=torch.float64)
     logits = None
     with handle.using(), torch.no_grad():
-        cache = _prompt_cache(model, tensor, prompt_length, method)
+        cache = _prompt_cache(model, tensor, prompt_length, keywords, method)
         step = max(1, int(batch_size))
         for start in range(0, len(hide), step):
             part = hide[start:start + step]
             copied = copy.deepcopy(cache)
             copied.batch_repeat_interleave(len(part))
-            out = _rows_forward(model, modules, tensor.expand(len(part), -1), prompt_length, keyword, copied,
+            out = _rows_forward(model, modules, tensor.expand(len(part), -1), prompt_length, keywords, copied,
                                 lambda _key, b=part: b, method)
             scores = torch.log_softmax(out.logits.double(), -1)  # [B, n, V]
             log_p[start:start + len(part)] = scores.gather(2, targets[None, :, None].expand(len(part), -1, 1)
@@ -166,16 +155,16 @@ def knockout_gradients(handle, ids: Sequence[int], prompt_length: int, method: s
                        ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(G [blocks, heads, n, T - 1] float32, logits [n, V] float32)`` for a sequence of ``prompt_length`` prompt
     tokens and a response (see the module's docstring). ``handle``: :func:`normx.core.handle.model_handle`'s."""
-    model, modules, keyword, heads, tensor = _setup(handle, ids, prompt_length, method)
+    model, modules, keywords, heads, tensor = _setup(handle, ids, prompt_length, method)
     total = tensor.shape[1]
     n, keys = total - prompt_length, total - 1
     dtype = next(model.parameters()).dtype
     with handle.using():
-        cache = _prompt_cache(model, tensor, prompt_length, method)
+        cache = _prompt_cache(model, tensor, prompt_length, keywords, method)
         biases = {key: torch.zeros(1, heads, n, keys, dtype=dtype, device=handle.device, requires_grad=True)
                   for key in modules}
         with torch.enable_grad():
-            out = _rows_forward(model, modules, tensor, prompt_length, keyword, cache, biases.__getitem__, method)
+            out = _rows_forward(model, modules, tensor, prompt_length, keywords, cache, biases.__getitem__, method)
             logits = out.logits[0].float()
             chosen = torch.log_softmax(logits, -1).gather(1, tensor[0, prompt_length:, None]).sum()
             grads = torch.autograd.grad(chosen, [biases[key] for key in modules])
