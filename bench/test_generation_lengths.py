@@ -137,6 +137,33 @@ def _device(s) -> str:
     return device_name(torch.device(s.device))
 
 
+def test_smollm2_random_is_the_folders_config_and_tokenizer_with_seeded_weights(tmp_path):
+    """smollm2-random reads only the config and tokenizer of its folder ($NORMX_BENCH_SMOLLM2_DIR on a machine
+    without the preset; here a folder with no weights); its weights are drawn from a fixed seed, so two loads are
+    the same model."""
+    import tiny
+    import transformers
+    from generation_lengths import smollm2_random
+
+    tokenizer = tiny.bpe_tokenizer("llama")
+    config = transformers.LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=3,
+                                      num_attention_heads=4, num_key_value_heads=2, intermediate_size=48,
+                                      max_position_embeddings=128, tie_word_embeddings=True)
+    config.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    assert not list(tmp_path.glob("*.safetensors")) and not list(tmp_path.glob("*.bin"))
+    model, loaded = smollm2_random(tmp_path)
+    again, _ = smollm2_random(tmp_path)
+    assert type(model).__name__ == "LlamaForCausalLM" and not model.training
+    shape = (model.config.num_hidden_layers, model.config.hidden_size, model.config.vocab_size)
+    assert shape == (3, 32, len(tokenizer))
+    assert loaded("the film was good")["input_ids"] == tokenizer("the film was good")["input_ids"]
+    for (name, a), (_, b) in zip(model.state_dict().items(), again.state_dict().items()):
+        assert torch.equal(a, b), name
+    ids = torch.tensor([loaded("the film was good")["input_ids"]])
+    assert torch.isfinite(model(input_ids=ids).logits).all()
+
+
 # ---- the budget (the CUDA branch's rule, without a GPU) and the worker's search rule -----------------------------
 
 @pytest.mark.parametrize(("device", "budget_gb", "memory", "expected"), [
