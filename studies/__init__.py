@@ -5,7 +5,7 @@ regression suite (that is bench/, the pytest-benchmark suite). Each is a module 
 - ``generation/``: faithfulness of generation explanations (``faithfulness``), the held-out choice of NormXLogit's
   settings (``study``), peers side by side (``peers``: inseq, Captum, LXT);
 - ``parity/``: normx against other implementations run in their own virtualenvs (``attnlrp`` with
-  ``lxt_attnlrp``, ``decompx_official``);
+  ``lxt_attnlrp``, ``decompx_official``), and normx on a GPU against normx on the CPU (``cuda_check``);
 - ``coverage/``: which transformers architectures normx explains (``architectures``, ``decoder_decompx``);
 - ``variants/``: the variant search (``search``);
 - ``timing/``: one-off timings (``generation_attention``, ``integration_cost``, ``gguf_load``, ``report_load``;
