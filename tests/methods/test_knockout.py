@@ -162,3 +162,22 @@ def test_a_model_whose_attention_takes_no_bias_is_a_clear_error(model_type, name
         knockout.knockout_gradients(model_handle(model), ids, 14, "attention_knockout")
     with pytest.raises(UnsupportedModelError, match=says):
         knockout.hidden_source_outcomes(model_handle(model), ids, 14, [[1, 2]], "attention_knockout")
+
+
+def test_a_one_token_response_runs_where_sdpa_builds_no_mask_for_one_row():
+    """One response row: sdpa's mask builder hands the attention module no mask (every cached key is read), which
+    the readings take as zeros; the results equal the whole-sequence computations."""
+    model, tok = tiny.build("LlamaForCausalLM", fresh=True)
+    model = model.double()
+    assert model.config._attn_implementation == "sdpa"
+    ids, length = sequence(tok, (17,))
+    handle = model_handle(model)
+    log_p, _ = knockout.hidden_source_outcomes(handle, ids, length, [[1, 2, 3], [4, 5]], "test")
+    np.testing.assert_allclose(log_p[0].numpy(), log_probability(model, ids, length).numpy(), rtol=1e-9, atol=1e-9)
+    allowed = torch.ones(len(ids), len(ids)).tril().bool()
+    allowed[length - 1, [1, 2, 3]] = False
+    mask = torch.where(allowed, torch.zeros((), dtype=torch.float64), torch.finfo(torch.float64).min)[None, None]
+    np.testing.assert_allclose(log_p[1].numpy(), log_probability(model, ids, length, mask).numpy(), rtol=1e-9,
+                               atol=1e-9)
+    grads, _ = knockout.knockout_gradients(handle, ids, length, "test")
+    torch.testing.assert_close(grads.double(), _whole_sequence_gradients(model, ids, length), rtol=1e-5, atol=1e-7)

@@ -86,12 +86,14 @@ def _biased(model, modules, bias_of, rows: int, keys: int, method: str):
 
     def add_bias(key, _args, kwargs):
         mask = kwargs.get("attention_mask")
+        if mask is None and rows == 1:  # one row (a one-token response): sdpa builds no mask, every key is read
+            mask = torch.zeros(1, 1, 1, keys, dtype=dtype, device=next(modules[key].parameters()).device)
         if not isinstance(mask, torch.Tensor):
             implementation = getattr(model.config, "_attn_implementation", None)
             raise UnsupportedModelError(
                 f"{method} adds a bias to the attention mask the model builds, but block {key}'s attention "
                 f"module got {type(mask).__name__} for it (attention implementation {implementation!r}; "
-                "eager and sdpa pass one)")
+                "eager and sdpa pass one for more than one row)")
         if mask.shape[-2:] != (rows, keys):
             raise UnsupportedModelError(f"{method}: block {key}'s attention mask has shape {tuple(mask.shape)}, "
                                         f"not [..., {rows} rows, {keys} keys]")
