@@ -11,13 +11,19 @@ methods against Captum's; and the issue's goals, each marked met or not from the
 The output file and ``--readme`` get them between ``<!-- bench:start -->`` and ``<!-- bench:end -->``, and the
 generation benchmark's (bench/report_lengths.py) between ``<!-- bench-lengths:start -->`` and
 ``<!-- bench-lengths:end -->``: only the blocks the JSON has results for are replaced, so a run of one part of the
-suite leaves the other's tables as they were.
+suite leaves the other's tables as they were. ``--block NAME`` keeps a run apart (another device's, say): its
+suite and generation tables together under one heading, between ``<!-- bench-NAME:start -->`` and
+``<!-- bench-NAME:end -->`` of the output file only (added at its end the first time):
+
+    python bench/report.py bench/results/h200-2026-11-26/*.json -o bench/RESULTS.md --block h200 \
+        --title "..." --command "..." --note "..."
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 from collections import defaultdict
 from pathlib import Path
@@ -61,7 +67,11 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
 def load(*paths: Path) -> dict:
     """One pytest-benchmark JSON, or several runs as one: their benchmarks together, the first's date, every
     commit named (in order, once each)."""
-    runs = [json.loads(path.read_text()) for path in paths]
+    return merge([json.loads(path.read_text()) for path in paths])
+
+
+def merge(runs: list[dict]) -> dict:
+    """Several parsed runs as one (see :func:`load`)."""
     data = dict(runs[0], benchmarks=[b for run in runs for b in run["benchmarks"]])
     commits = list(dict.fromkeys(str(run.get("commit_info", {}).get("id", "?"))[:10] for run in runs))
     if len(commits) > 1:
@@ -246,6 +256,37 @@ def render(data: dict, command: str | None = None, compact: bool = False, level:
     return "\n".join(lines).rstrip() + "\n"
 
 
+def block_markers(name: str) -> tuple[str, str]:
+    """The (start, end) markers of the block ``--block name`` writes."""
+    if not re.fullmatch(r"[a-z0-9][a-z0-9.-]*", name) or name == "lengths":
+        raise SystemExit(f"--block {name!r}: a name of lowercase letters, digits, '.' and '-' (not 'lengths', the "
+                         "generation block's)")
+    return f"<!-- bench-{name}:start -->", f"<!-- bench-{name}:end -->"
+
+
+def render_block(runs: list[dict], title: str | None = None, command: str | None = None, note: str | None = None
+                 ) -> str:
+    """Runs kept apart (``--block``): a heading (``title``, default "Results on DEVICE"), the command and the note
+    once, then the suite's tables from the runs that have suite entries and the generation tables from those that
+    have generation entries (each part dated and attributed by its own runs, the first given first), their
+    headings one level down."""
+    suite = merge([run for run in runs if _suite_entries(run)]) if any(map(_suite_entries, runs)) else None
+    generation = [run for run in runs if report_lengths.has_results(run)]
+    infos = [b.get("extra_info", {}) for run in runs for b in run["benchmarks"]]
+    devices = list(dict.fromkeys(str(x["device"]) for x in infos if "device" in x)) or ["?"]
+    lines = [f"## {title or 'Results on ' + ', '.join(devices)}", ""]
+    if command:
+        lines += ["Produced by:", "", "```", command.strip("\n"), "```", ""]
+    if note:
+        lines += [note.strip("\n"), ""]
+    parts = ["\n".join(lines)]
+    if suite is not None:
+        parts.append(render(suite, level=3))
+    if generation:
+        parts.append(report_lengths.render(merge(generation), level=3))
+    return "\n".join(parts).rstrip() + "\n"
+
+
 def update_readme(readme: Path, text: str, start: str = START, end: str = END) -> None:
     """Replace the block between ``start`` and ``end`` of the file."""
     content = readme.read_text()
@@ -278,7 +319,22 @@ def main(argv: list[str] | None = None) -> None:
                         help="also replace the generation block (bench-lengths) of this page (repeatable)")
     parser.add_argument("--command", help="the command that produced the JSON, shown above the tables")
     parser.add_argument("--note", help="a remark shown above the tables (e.g. how long the run took)")
+    parser.add_argument("--block", metavar="NAME", help="this run on its own: all its tables in the block "
+                        "<!-- bench-NAME:start --> ... of --output (not --readme / --docs)")
+    parser.add_argument("--title", help="with --block: its heading (default: Results on DEVICE)")
     args = parser.parse_args(argv)
+    if args.block and (args.readme or args.docs):
+        parser.error("--block writes its own block of --output only; link it from a README or page by hand")
+    if args.title and not args.block:
+        parser.error("--title is the heading of a --block")
+    if args.block:
+        start, end = block_markers(args.block)
+        text = render_block([load(path) for path in args.json], args.title, args.command, args.note)
+        if args.output:
+            write_blocks(args.output, [(start, end, text)], append=True)
+        else:
+            print(text, end="")
+        return
     data = load(*args.json)
     full, readme = [], []  # (start, end, markdown) of the blocks this JSON has results for
     if _suite_entries(data):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import report
@@ -182,3 +183,53 @@ def test_a_later_run_replaces_the_entries_of_its_cases(tmp_path):
     text = report_lengths.render(report.load(*reversed(paths)))  # the other order: the old run's figures win
     assert "| normxlogit | 2.20 s (1.10×) | – |" in text and "| normxlogit | 80 MiB (0.80×) | – |" in text
     assert "| norm_attention | 8 MiB | 16 MiB | 30 MiB | 1.88× |" in text
+
+
+def test_a_block_keeps_a_run_apart(tmp_path):
+    """--block: one device's runs under one heading in their own block of the output, each part dated by its own
+    runs; the file's other blocks untouched; a second report replaces the block."""
+    results = tmp_path / "RESULTS.md"
+    results.write_text(f"{report.START}\ncpu tables\n{report.END}\n")
+    suite, generation = _data(), _generation_data()
+    for data in (suite, generation):
+        for b in data["benchmarks"]:
+            b["extra_info"]["device"] = "gpu (x)"
+    generation["datetime"] = "2026-03-03T03:03:03"
+    paths = [tmp_path / "suite.json", tmp_path / "generation.json"]
+    for path, data in zip(paths, (suite, generation)):
+        path.write_text(json.dumps(data))
+    args = [*map(str, paths), "-o", str(results), "--block", "gpu-1", "--command", "run it", "--note", "first"]
+    report.main(args)
+    text = results.read_text()
+    assert text.startswith(f"{report.START}\ncpu tables\n{report.END}\n")
+    block = text.split("<!-- bench-gpu-1:start -->\n", 1)[1].split("<!-- bench-gpu-1:end -->", 1)[0]
+    assert block.startswith("## Results on gpu (x)\n\nProduced by:\n\n```\nrun it\n```\n\nfirst\n")
+    assert "### Benchmark results" in block and "#### Goals" in block and "| normxlogit | 10.2 ms (1.020×) |" in block
+    assert "### Generation across lengths" in block and "| forward | 2.20 s | 10.00 s |" in block
+    assert "Measured 2026-01-01T00:00:00 on gpu (x)" in block and "Measured 2026-03-03T03:03:03 on gpu (x)" in block
+    report.main([*args[:-1], "second", "--title", "On a GPU"])
+    text = results.read_text()
+    assert text.count("<!-- bench-gpu-1:start -->") == 1 and "## On a GPU\n" in text
+    assert "\nsecond\n" in text and "\nfirst\n" not in text and "cpu tables" in text
+    for bad in (["--block", "lengths"], ["--block", "GPU 1"]):
+        with pytest.raises(SystemExit, match="--block"):
+            report.main([str(paths[0]), *bad])
+    with pytest.raises(SystemExit):  # the README's blocks are not a device's
+        report.main([str(paths[0]), "--block", "gpu", "--readme", str(results)])
+
+
+H200 = Path(__file__).parent / "results" / "h200-2026-11-26"
+H200_RUNS = ["bench-speed.json", "bench-ig-decompx.json", "bench-maxbatch-short.json", "bench-maxbatch-long.json",
+             "generation-smollm2.json"]  # the order of the report command in its commands.txt
+
+
+def test_the_h200_block_is_what_report_writes_from_its_files():
+    """bench/RESULTS.md's GPU section is report.py's rendering of the committed JSON, command and note."""
+    commands = (H200 / "commands.txt").read_text()
+    assert " ".join(f"$R/{name}" for name in H200_RUNS) in commands
+    start, end = report.block_markers("h200")
+    written = (H200.parent.parent / "RESULTS.md").read_text().split(start + "\n", 1)[1].split(end, 1)[0]
+    runs = [report.load(H200 / name) for name in H200_RUNS]
+    want = report.render_block(runs, "On a GPU: NVIDIA H200", commands, (H200 / "note.md").read_text())
+    assert written == want, "bench/RESULTS.md's h200 block is stale: rerun the report command in commands.txt"
+    assert "46 PASS, 0 FAIL" in want and "on NVIDIA H200, dtype float32" in want
