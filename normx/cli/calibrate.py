@@ -30,9 +30,10 @@ def add_parser(sub, heavy: bool) -> argparse.ArgumentParser:
                         "each (default 32)")
     parser.add_argument("--families", default="tokens,source_knockout", help="the feature families the "
                         "cross-validation chooses from: attention, norm, logit (one eager pass), knockout, "
-                        "knockout_abs (one pass and one backward over the answer's rows), tokens, source_knockout "
-                        "(per source: its size, and the exact drop when the answer's rows cannot read it); "
-                        "default tokens,source_knockout")
+                        "knockout_abs (one pass and one backward over the answer's rows), tokens, source_knockout, "
+                        "query_knockout (per source: its size, the exact drop when the answer's rows cannot read "
+                        "it, and when the query's rows after the context cannot either); default "
+                        "tokens,source_knockout")
     parser.add_argument("--folds", type=int, default=5, help="cross-validation folds over contexts (default 5)")
     parser.add_argument("--max-new-tokens", type=int, default=12, help="the answer's length at most (default 12)")
     parser.add_argument("--seed", type=int, default=0, help="the contexts' and masks' seed (default 0)")

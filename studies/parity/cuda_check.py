@@ -63,7 +63,8 @@ DECODER_METHODS = [("normxlogit", {}), ("norm_attention", {}), ("attention", {})
                    ("calibrated_attention", {})]
 PROMPT = "the film was good. a dull movie with a plot! the end was fine. it was long."
 TARGET = " the film was a good story"
-CALIBRATED_FAMILIES = ("attention", "norm", "logit", "knockout", "knockout_abs", "tokens", "source_knockout")
+CALIBRATED_FAMILIES = ("attention", "norm", "logit", "knockout", "knockout_abs", "tokens", "source_knockout",
+                       "query_knockout")
 
 
 @dataclass

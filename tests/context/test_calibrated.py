@@ -17,7 +17,7 @@ from normx.cli.main import main
 from normx.errors import InvalidInputError, ModelLoadError
 from normx.methods.calibrated import fit, training
 from normx.methods.calibrated import weights as stored
-from normx.methods.calibrated.readings import SCALAR, shape
+from normx.methods.calibrated.readings import QUERY_BUDGET, SCALAR, query_first_row, shape
 from normx.models import get_adapter
 from normx.models.identity import model_identity
 
@@ -149,7 +149,8 @@ def test_the_method_is_weighted_attention_from_the_predicting_positions(llama):
 
 
 @pytest.mark.parametrize("families", [("attention", "norm", "logit"), ("knockout", "knockout_abs"), ("tokens",),
-                                      ("tokens", "source_knockout"), ("norm", "knockout", "source_knockout")])
+                                      ("tokens", "source_knockout"), ("norm", "knockout", "source_knockout"),
+                                      ("tokens", "query_knockout")])
 def test_every_family_sums_to_theta_times_the_training_features(llama, tmp_path, families):
     model, tok = llama
     blocks, heads = shape(model, get_adapter(model))
@@ -234,6 +235,33 @@ def test_per_source_families_are_their_closed_forms(llama):
             hidden = torch.log_softmax(model(tensor, attention_mask=mask).logits[0, length - 1:-1].double(), -1)
             drop = whole - float(hidden.gather(1, tensor[0, length:, None]).sum())
             assert features["source_knockout"][j, 0, 0] == pytest.approx(drop, rel=1e-4, abs=1e-5)
+
+
+def test_query_knockout_hides_each_source_from_the_rows_after_the_context_within_its_budget(llama):
+    model, tok = llama
+    ids = tok("the film was good. a dull plot! it was long. and so on and on")["input_ids"]
+    length, spans = len(ids) - 3, [(1, 5), (5, 8)]  # the query: tokens 8 .. length - 1
+    sources = [list(range(a, b)) for a, b in spans]
+    # budget: the rows after the context (here all of them) while cache + 3 x rows <= 1.6 x T
+    first = query_first_row(len(ids), length, sources)
+    rows = int(((QUERY_BUDGET - 1) * len(ids) + 1) / 2)
+    assert first == max(8, len(ids) - 1 - rows) and first <= length - 1
+    assert query_first_row(1000, 990, sources) == 699  # 300 rows: the budget, not the context's end
+    assert query_first_row(1000, 990, [[i] for i in range(100)]) == 989  # the response's rows at least
+    assert query_first_row(12, 9, [list(range(1, 8))]) == 8  # never before the first token after the context
+    features = training.source_features(model, ids, length, spans, ("source_knockout", "query_knockout"))
+    tensor = torch.tensor([ids])
+    with torch.no_grad():
+        full = torch.log_softmax(model(tensor).logits[0, length - 1:-1].double(), -1)
+        whole = float(full.gather(1, tensor[0, length:, None]).sum())
+        for j, (a, b) in enumerate(spans):
+            allowed = torch.ones(len(ids), len(ids)).tril().bool()
+            allowed[first:len(ids) - 1, a:b] = False
+            mask = torch.where(allowed, torch.zeros(()), torch.finfo(torch.float32).min)[None, None]
+            hidden = torch.log_softmax(model(tensor, attention_mask=mask).logits[0, length - 1:-1].double(), -1)
+            drop = whole - float(hidden.gather(1, tensor[0, length:, None]).sum())
+            assert features["query_knockout"][j, 0, 0] == pytest.approx(drop, rel=1e-4, abs=1e-5)
+    assert not np.allclose(features["query_knockout"], features["source_knockout"])
 
 
 def test_tied_and_per_source_weights_expand_to_their_tables():

@@ -13,7 +13,7 @@ import tiny
 
 from normx._torch import torch
 from normx.core.handle import model_handle
-from normx.errors import UnsupportedModelError
+from normx.errors import InvalidInputError, UnsupportedModelError
 from normx.methods.decoder import knockout
 
 TEXT = "the film was good. a dull plot! it was long and the end was sad"
@@ -181,3 +181,28 @@ def test_a_one_token_response_runs_where_sdpa_builds_no_mask_for_one_row():
                                atol=1e-9)
     grads, _ = knockout.knockout_gradients(handle, ids, length, "test")
     torch.testing.assert_close(grads.double(), _whole_sequence_gradients(model, ids, length), rtol=1e-5, atol=1e-7)
+
+
+def test_sources_hidden_from_the_prompts_last_rows_too_equal_a_forward_pass_with_that_mask(llama64):
+    """first_row before the response: the sources are hidden from the prompt's rows from first_row on as well (the
+    rows before it read everything); = one plain pass whose mask says so; a first row at the first token or after
+    the response's first row is refused."""
+    model, tok = llama64
+    ids, length = sequence(tok)
+    sources, first = [[1, 2, 3], [4, 5, 6, 7]], 9
+    log_p, logits = knockout.hidden_source_outcomes(model_handle(model), ids, length, sources, "test", batch_size=2,
+                                                    first_row=first)
+    np.testing.assert_allclose(logits.double().numpy(), _plain_logits(model, ids, length), rtol=1e-6, atol=1e-6)
+    total = len(ids)
+    for row, members in enumerate(sources, start=1):
+        allowed = torch.ones(total, total).tril().bool()
+        for q in range(first, total - 1):
+            allowed[q, members] = False
+        mask = torch.where(allowed, torch.zeros((), dtype=torch.float64), torch.finfo(torch.float64).min)[None, None]
+        np.testing.assert_allclose(log_p[row].numpy(), log_probability(model, ids, length, mask).numpy(),
+                                   rtol=1e-9, atol=1e-9)
+    later, _ = knockout.hidden_source_outcomes(model_handle(model), ids, length, sources, "test")
+    assert not np.allclose(later[1:].numpy(), log_p[1:].numpy())  # more rows blind to them: another outcome
+    for bad in (0, length):
+        with pytest.raises(InvalidInputError, match="first row that cannot read the sources"):
+            knockout.hidden_source_outcomes(model_handle(model), ids, length, sources, "test", first_row=bad)

@@ -22,7 +22,11 @@ that know the prompt's sources (the ablation methods' ``sources`` option):
 - ``tokens``: the source's number of tokens (what removing that much context does, whatever it says);
 - ``source_knockout``: the exact drop in the response's log-probability when the source's tokens are hidden from
   the response's rows at every block and head (:func:`normx.methods.decoder.knockout.hidden_source_outcomes`: one
-  pass over the response's rows per source, batched, on the prompt's cache).
+  pass over the response's rows per source, batched, on the prompt's cache);
+- ``query_knockout``: the same drop with the source hidden from the rows after the context as well (the query's:
+  the question or claim that the model reads the sources with), the latest of them as many as a budget allows
+  (:func:`query_first_row`: the cache up to the first hidden row plus one pass over the hidden rows per source and
+  one unhidden, at most :data:`QUERY_BUDGET` rows per token of the sequence).
 
 :func:`head_readings` hands each block's [families, heads, steps, tokens] block to a ``reduce`` callback inside the
 pass (so a pass keeps what ``reduce`` returns, not every block's readings): the calibrated method contracts it with
@@ -46,9 +50,10 @@ from normx.methods.decoder.knockout import hidden_source_outcomes, knockout_grad
 from normx.methods.decoder.maps import read_blocks
 from normx.methods.response import response_positions
 
-FAMILIES = ("attention", "norm", "logit", "knockout", "knockout_abs", "tokens", "source_knockout")
+FAMILIES = ("attention", "norm", "logit", "knockout", "knockout_abs", "tokens", "source_knockout", "query_knockout")
 KNOCKOUT = ("knockout", "knockout_abs")  # read by the knockout pass, not the eager one
-SCALAR = ("tokens", "source_knockout")  # one number per source: 1 x 1 weight tables
+SCALAR = ("tokens", "source_knockout", "query_knockout")  # one number per source: 1 x 1 weight tables
+QUERY_BUDGET = 1.6  # query_knockout's rows: the cache's plus (sources + 1) x the hidden rows, per token of the sequence
 
 
 def check_families(families: Sequence[str]) -> tuple[str, ...]:
@@ -124,20 +129,31 @@ def head_readings(handle, ids: Sequence[int], prompt_length: int, families: Sequ
     return out, logits
 
 
+def query_first_row(total: int, prompt_length: int, sources: Sequence[Sequence[int]]) -> int:
+    """The first row ``query_knockout`` hides the sources from: the first position after the last source, or later
+    where the rows after it would pass the budget (cache rows + (sources + 1) x hidden rows <= QUERY_BUDGET x
+    ``total``), and never after the response's first row ``prompt_length - 1`` (the response's rows at least)."""
+    after = max(max(members) for members in sources) + 1
+    rows = int(((QUERY_BUDGET - 1) * total + 1) / len(sources))
+    return min(prompt_length - 1, max(after, total - 1 - rows))
+
+
 def source_readings(handle, ids: Sequence[int], prompt_length: int, sources: Sequence[Sequence[int]],
                     families: Sequence[str], method: str, batch_size: int = 8
                     ) -> tuple[dict[str, np.ndarray], torch.Tensor | None]:
     """{family: [sources, steps] float64} for the per-source families asked for (each step's share: summed over the
-    steps, ``tokens`` is the source's size and ``source_knockout`` its drop in the response's log-probability), and
-    the logits predicting the response (None unless ``source_knockout`` ran)."""
+    steps, ``tokens`` is the source's size and ``source_knockout`` / ``query_knockout`` its drop in the response's
+    log-probability), and the logits predicting the response (None unless a knockout family ran)."""
     steps = len(ids) - prompt_length
     out: dict[str, np.ndarray] = {}
     logits = None
     if "tokens" in families:
         out["tokens"] = np.repeat(np.array([[len(m) / steps] for m in sources], np.float64), steps, axis=1)
-    if "source_knockout" in families:
-        log_p, logits = hidden_source_outcomes(handle, ids, prompt_length, sources, method, batch_size)
-        out["source_knockout"] = (log_p[0][None] - log_p[1:]).numpy()
+    for family in ("source_knockout", "query_knockout"):
+        if family in families:
+            first = (None if family == "source_knockout" else query_first_row(len(ids), prompt_length, sources))
+            log_p, logits = hidden_source_outcomes(handle, ids, prompt_length, sources, method, batch_size, first)
+            out[family] = (log_p[0][None] - log_p[1:]).numpy()
     return out, logits
 
 

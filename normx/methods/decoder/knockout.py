@@ -69,10 +69,11 @@ def _setup(handle, ids: Sequence[int], prompt_length: int, method: str):
     return model, modules, _keywords(model), heads, torch.tensor([list(ids)], device=handle.device)
 
 
-def _prompt_cache(model, tensor: torch.Tensor, prompt_length: int, keywords: tuple[str, dict], method: str):
-    """The model's own key/value cache of the prompt's first ``prompt_length - 1`` tokens."""
+def _prompt_cache(model, tensor: torch.Tensor, first_row: int, keywords: tuple[str, dict], method: str):
+    """The model's own key/value cache of the sequence's first ``first_row`` tokens (the rows that read
+    everything)."""
     with torch.no_grad():  # (the head on one position only, where it can: the cache is what is wanted)
-        first = model(input_ids=tensor[:, :prompt_length - 1], use_cache=True, **keywords[1])
+        first = model(input_ids=tensor[:, :first_row], use_cache=True, **keywords[1])
     cache = next((first[name] for name in ("cache", "past_key_values") if first.get(name) is not None), None)
     if cache is None:
         raise UnsupportedModelError(f"{type(model).__name__} returned no key/value cache with use_cache=True; "
@@ -103,13 +104,15 @@ def _biased(model, modules, bias_of, rows: int, keys: int, method: str):
     return change_inputs(modules, add_bias)
 
 
-def _rows_forward(model, modules, tensor, prompt_length: int, keywords: tuple[str, dict], cache, bias_of,
+def _rows_forward(model, modules, tensor, first_row: int, keep: int, keywords: tuple[str, dict], cache, bias_of,
                  method: str):
-    """The model's output over the response's rows (positions prompt_length - 1 .. T - 2) on ``cache``."""
+    """The model's output over the rows at positions first_row .. T - 2 on ``cache`` (of the first ``first_row``
+    tokens), its logits at the last ``keep`` rows (the head on those only, where the forward can)."""
     total = tensor.shape[1]
+    head = {"logits_to_keep": keep} if keywords[1] else {}
     try:
-        with _biased(model, modules, bias_of, total - prompt_length, total - 1, method):
-            return model(input_ids=tensor[:, prompt_length - 1:total - 1], use_cache=True, **{keywords[0]: cache})
+        with _biased(model, modules, bias_of, total - 1 - first_row, total - 1, method):
+            return model(input_ids=tensor[:, first_row:total - 1], use_cache=True, **{keywords[0]: cache}, **head)
     except torch.OutOfMemoryError:
         raise
     except (RuntimeError, ValueError) as exc:  # the attention code refuses a per-head or per-row float mask
@@ -119,37 +122,45 @@ def _rows_forward(model, modules, tensor, prompt_length: int, keywords: tuple[st
 
 
 def hidden_source_outcomes(handle, ids: Sequence[int], prompt_length: int, sources: Sequence[Sequence[int]],
-                           method: str, batch_size: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
+                           method: str, batch_size: int = 8, first_row: int | None = None
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(log p [1 + sources, n] float64, logits [n, V] float32)``: each response token's log-probability with
-    nothing hidden (row 0) and with each source's tokens (indices into the prompt) hidden from the response's rows;
-    ``batch_size`` hidden sources per pass on copies of one prompt cache."""
+    nothing hidden (row 0) and with each source's tokens (indices into the prompt) hidden from the rows at positions
+    ``first_row`` .. T - 2 (default ``prompt_length - 1``: the response's rows; an earlier one adds the prompt's last
+    rows, which then read the source neither); ``batch_size`` hidden sources per pass on copies of one cache of
+    the first ``first_row`` tokens."""
     model, modules, keywords, _, tensor = _setup(handle, ids, prompt_length, method)
     total = tensor.shape[1]
+    first_row = prompt_length - 1 if first_row is None else int(first_row)
     n, keys = total - prompt_length, total - 1
-    dtype = next(model.parameters()).dtype
-    hide = torch.zeros(1 + len(sources), 1, n, keys, dtype=dtype, device=tensor.device)
-    for row, members in enumerate(sources, start=1):
+    for row, members in enumerate(sources):
         if not members or any(not 0 <= i < prompt_length for i in members):
-            raise InvalidInputError(f"{method}: source {row - 1} is empty or holds tokens outside the prompt's "
+            raise InvalidInputError(f"{method}: source {row} is empty or holds tokens outside the prompt's "
                                     f"{prompt_length}")
+    if not 0 < first_row <= prompt_length - 1:
+        raise InvalidInputError(f"{method}: the first row that cannot read the sources must be after the first token "
+                                f"and at most the response's first row {prompt_length - 1}; got {first_row}")
+    dtype = next(model.parameters()).dtype
+    hide = torch.zeros(1 + len(sources), 1, total - 1 - first_row, keys, dtype=dtype, device=tensor.device)
+    for row, members in enumerate(sources, start=1):
         hide[row, :, :, list(members)] = torch.finfo(dtype).min
     targets = tensor[0, prompt_length:]
     log_p = torch.zeros(1 + len(sources), n, dtype=torch.float64)
     logits = None
     with handle.using(), torch.no_grad():
-        cache = _prompt_cache(model, tensor, prompt_length, keywords, method)
+        cache = _prompt_cache(model, tensor, first_row, keywords, method)
         step = max(1, int(batch_size))
         for start in range(0, len(hide), step):
             part = hide[start:start + step]
             copied = copy.deepcopy(cache)
             copied.batch_repeat_interleave(len(part))
-            out = _rows_forward(model, modules, tensor.expand(len(part), -1), prompt_length, keywords, copied,
+            out = _rows_forward(model, modules, tensor.expand(len(part), -1), first_row, n, keywords, copied,
                                 lambda _key, b=part: b, method)
-            scores = torch.log_softmax(out.logits.double(), -1)  # [B, n, V]
+            scores = torch.log_softmax(out.logits[:, -n:].double(), -1)  # [B, n, V]: the response's rows
             log_p[start:start + len(part)] = scores.gather(2, targets[None, :, None].expand(len(part), -1, 1)
                                                            )[..., 0].double().cpu()
             if logits is None:
-                logits = out.logits[0].float()
+                logits = out.logits[0, -n:].float()
     return log_p, logits
 
 
@@ -162,11 +173,12 @@ def knockout_gradients(handle, ids: Sequence[int], prompt_length: int, method: s
     n, keys = total - prompt_length, total - 1
     dtype = next(model.parameters()).dtype
     with handle.using():
-        cache = _prompt_cache(model, tensor, prompt_length, keywords, method)
+        cache = _prompt_cache(model, tensor, prompt_length - 1, keywords, method)
         biases = {key: torch.zeros(1, heads, n, keys, dtype=dtype, device=handle.device, requires_grad=True)
                   for key in modules}
         with torch.enable_grad():
-            out = _rows_forward(model, modules, tensor, prompt_length, keywords, cache, biases.__getitem__, method)
+            out = _rows_forward(model, modules, tensor, prompt_length - 1, n, keywords, cache,
+                                biases.__getitem__, method)
             logits = out.logits[0].float()
             chosen = torch.log_softmax(logits, -1).gather(1, tensor[0, prompt_length:, None]).sum()
             grads = torch.autograd.grad(chosen, [biases[key] for key in modules])
