@@ -240,15 +240,15 @@ def test_per_source_families_are_their_closed_forms(llama):
 def test_query_knockout_hides_each_source_from_the_rows_after_the_context_within_its_budget(llama):
     model, tok = llama
     ids = tok("the film was good. a dull plot! it was long. and so on and on")["input_ids"]
-    length, spans = len(ids) - 3, [(1, 5), (5, 8)]  # the query: tokens 8 .. length - 1
+    length, spans = len(ids) - 3, [(1, 5), (5, 8)]  # the query: tokens 8 .. length - 1; the budget: from 2
     sources = [list(range(a, b)) for a, b in spans]
     # budget: the rows after the context (here all of them) while cache + 3 x rows <= 1.6 x T
     first = query_first_row(len(ids), length, sources)
     rows = int(((QUERY_BUDGET - 1) * len(ids) + 1) / 2)
-    assert first == max(8, len(ids) - 1 - rows) and first <= length - 1
-    assert query_first_row(1000, 990, sources) == 699  # 300 rows: the budget, not the context's end
+    assert first == max(2, len(ids) - 1 - rows) and first <= length - 1
+    assert query_first_row(1000, 990, sources) == 699  # 300 rows: the budget
     assert query_first_row(1000, 990, [[i] for i in range(100)]) == 989  # the response's rows at least
-    assert query_first_row(12, 9, [list(range(1, 8))]) == 8  # never before the first token after the context
+    assert query_first_row(12, 9, [list(range(4, 8))]) == 5  # never before the first source's second token
     features = training.source_features(model, ids, length, spans, ("source_knockout", "query_knockout"))
     tensor = torch.tensor([ids])
     with torch.no_grad():
@@ -256,7 +256,7 @@ def test_query_knockout_hides_each_source_from_the_rows_after_the_context_within
         whole = float(full.gather(1, tensor[0, length:, None]).sum())
         for j, (a, b) in enumerate(spans):
             allowed = torch.ones(len(ids), len(ids)).tril().bool()
-            allowed[first:len(ids) - 1, a:b] = False
+            allowed[max(first, b):len(ids) - 1, a:b] = False  # the re-read rows after the source
             mask = torch.where(allowed, torch.zeros(()), torch.finfo(torch.float32).min)[None, None]
             hidden = torch.log_softmax(model(tensor, attention_mask=mask).logits[0, length - 1:-1].double(), -1)
             drop = whole - float(hidden.gather(1, tensor[0, length:, None]).sum())

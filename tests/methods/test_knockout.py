@@ -189,18 +189,19 @@ def test_sources_hidden_from_the_prompts_last_rows_too_equal_a_forward_pass_with
     the response's first row is refused."""
     model, tok = llama64
     ids, length = sequence(tok)
-    sources, first = [[1, 2, 3], [4, 5, 6, 7]], 9
+    sources, first = [[1, 2, 3], [4, 5, 6, 7], [10, 11]], 9  # the last one among the re-read rows
     log_p, logits = knockout.hidden_source_outcomes(model_handle(model), ids, length, sources, "test", batch_size=2,
                                                     first_row=first)
     np.testing.assert_allclose(logits.double().numpy(), _plain_logits(model, ids, length), rtol=1e-6, atol=1e-6)
     total = len(ids)
     for row, members in enumerate(sources, start=1):
         allowed = torch.ones(total, total).tril().bool()
-        for q in range(first, total - 1):
+        for q in range(max(first, max(members) + 1), total - 1):  # the re-read rows after the source
             allowed[q, members] = False
         mask = torch.where(allowed, torch.zeros((), dtype=torch.float64), torch.finfo(torch.float64).min)[None, None]
         np.testing.assert_allclose(log_p[row].numpy(), log_probability(model, ids, length, mask).numpy(),
                                    rtol=1e-9, atol=1e-9)
+    assert length - 1 > 12  # (the third source ends before the response's rows)
     later, _ = knockout.hidden_source_outcomes(model_handle(model), ids, length, sources, "test")
     assert not np.allclose(later[1:].numpy(), log_p[1:].numpy())  # more rows blind to them: another outcome
     for bad in (0, length):

@@ -23,9 +23,9 @@ that know the prompt's sources (the ablation methods' ``sources`` option):
 - ``source_knockout``: the exact drop in the response's log-probability when the source's tokens are hidden from
   the response's rows at every block and head (:func:`normx.methods.decoder.knockout.hidden_source_outcomes`: one
   pass over the response's rows per source, batched, on the prompt's cache);
-- ``query_knockout``: the same drop with the source hidden from the rows after the context as well (the query's:
-  the question or claim that the model reads the sources with), the latest of them as many as a budget allows
-  (:func:`query_first_row`: the cache up to the first hidden row plus one pass over the hidden rows per source and
+- ``query_knockout``: the same drop with the source hidden from the prompt's last rows as well, those after it (the
+  query's: the question or claim that the model reads the sources with), as many as a budget allows
+  (:func:`query_first_row`: the cache up to the first re-read row plus one pass over the re-read rows per source and
   one unhidden, at most :data:`QUERY_BUDGET` rows per token of the sequence).
 
 :func:`head_readings` hands each block's [families, heads, steps, tokens] block to a ``reduce`` callback inside the
@@ -130,12 +130,15 @@ def head_readings(handle, ids: Sequence[int], prompt_length: int, families: Sequ
 
 
 def query_first_row(total: int, prompt_length: int, sources: Sequence[Sequence[int]]) -> int:
-    """The first row ``query_knockout`` hides the sources from: the first position after the last source, or later
-    where the rows after it would pass the budget (cache rows + (sources + 1) x hidden rows <= QUERY_BUDGET x
-    ``total``), and never after the response's first row ``prompt_length - 1`` (the response's rows at least)."""
-    after = max(max(members) for members in sources) + 1
+    """The first row ``query_knockout`` re-reads: as early as the budget allows (cache rows + (sources + 1) x
+    re-read rows <= QUERY_BUDGET x ``total``), not before the first source's second token, and never after the
+    response's first row ``prompt_length - 1`` (the response's rows at least). Each source is hidden from the
+    re-read rows that come after it (:func:`~normx.methods.decoder.knockout.hidden_source_outcomes`): a context's
+    sources from the whole query when the budget reaches back to the context, a query's own sentences from what
+    follows them."""
+    start = min(min(members) for members in sources) + 1
     rows = int(((QUERY_BUDGET - 1) * total + 1) / len(sources))
-    return min(prompt_length - 1, max(after, total - 1 - rows))
+    return min(prompt_length - 1, max(start, total - 1 - rows))
 
 
 def source_readings(handle, ids: Sequence[int], prompt_length: int, sources: Sequence[Sequence[int]],

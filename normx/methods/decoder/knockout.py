@@ -125,10 +125,11 @@ def hidden_source_outcomes(handle, ids: Sequence[int], prompt_length: int, sourc
                            method: str, batch_size: int = 8, first_row: int | None = None
                            ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(log p [1 + sources, n] float64, logits [n, V] float32)``: each response token's log-probability with
-    nothing hidden (row 0) and with each source's tokens (indices into the prompt) hidden from the rows at positions
-    ``first_row`` .. T - 2 (default ``prompt_length - 1``: the response's rows; an earlier one adds the prompt's last
-    rows, which then read the source neither); ``batch_size`` hidden sources per pass on copies of one cache of
-    the first ``first_row`` tokens."""
+    nothing hidden (row 0) and with each source's tokens (indices into the prompt) hidden from the response's rows
+    (positions ``prompt_length - 1`` .. T - 2) and, where ``first_row`` is earlier, from the prompt's rows between
+    ``first_row`` and the response that come after the source's last token (those read the source neither; a row
+    inside or before a source still reads it); ``batch_size`` hidden sources per pass on copies of one cache of the
+    first ``first_row`` tokens."""
     model, modules, keywords, _, tensor = _setup(handle, ids, prompt_length, method)
     total = tensor.shape[1]
     first_row = prompt_length - 1 if first_row is None else int(first_row)
@@ -142,8 +143,9 @@ def hidden_source_outcomes(handle, ids: Sequence[int], prompt_length: int, sourc
                                 f"and at most the response's first row {prompt_length - 1}; got {first_row}")
     dtype = next(model.parameters()).dtype
     hide = torch.zeros(1 + len(sources), 1, total - 1 - first_row, keys, dtype=dtype, device=tensor.device)
-    for row, members in enumerate(sources, start=1):
-        hide[row, :, :, list(members)] = torch.finfo(dtype).min
+    for row, members in enumerate(sources, start=1):  # from the rows after the source (the response's always)
+        after = min(max(max(members) + 1, first_row), prompt_length - 1) - first_row
+        hide[row, :, after:, list(members)] = torch.finfo(dtype).min
     targets = tensor[0, prompt_length:]
     log_p = torch.zeros(1 + len(sources), n, dtype=torch.float64)
     logits = None
