@@ -1,0 +1,111 @@
+"""studies/context/explore.py (#46): ``collect`` keeps each context's training instance where
+``training.kept_instances`` reads it back with the calibrate study's seeds (context i: seed i) and writes each
+source's drop when it is hidden from every row after the context's end, which equals
+``hidden_source_outcomes(first_row=the context's end)`` and a plain forward pass whose mask hides it from those rows;
+a rerun resumes; ``report`` prints the cross-validated table from those files, and a damaged side line is a clear
+error (exit 2)."""
+
+from __future__ import annotations
+
+import json
+
+import locations
+import numpy as np
+import pytest
+import tiny
+
+import normx
+from normx._torch import torch
+from normx.core.handle import model_handle
+from normx.data.contexts import context_examples
+from normx.methods.calibrated import training
+from normx.methods.decoder.knockout import hidden_source_outcomes
+from studies.context import explore
+
+SHARED = locations.SHARED
+FAMILIES = "attention,norm,logit,tokens,source_knockout"
+pytestmark = pytest.mark.skipif(not (SHARED / "qnli").is_dir(), reason="the shared GLUE data folder is not here")
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    """A tiny Qwen2 causal LM with a chat template."""
+    model, tokenizer = tiny.build("Qwen2ForCausalLM", fresh=True)
+    model.config.max_position_embeddings = 4096
+    tokenizer.model_max_length = 4096
+    tokenizer.chat_template = ("{% for m in messages %}<s>{{ m['role'] }}\n{{ m['content'] }}</s>\n{% endfor %}"
+                               "{% if add_generation_prompt %}<s>assistant\n{% endif %}")
+    path = tmp_path_factory.mktemp("qwen2-chat")
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+def response_log_p(model, ids, prompt_length, hidden=(), first_row=None):
+    """The response's log-probability from one plain pass whose mask hides ``hidden`` from rows first_row..T-2."""
+    total = len(ids)
+    allowed = torch.ones(total, total).tril().bool()
+    if hidden:
+        allowed[first_row:total - 1, list(hidden)] = False
+    mask = torch.where(allowed, torch.zeros(()), torch.finfo(torch.float32).min)[None, None]
+    tensor = torch.tensor([ids])
+    with torch.no_grad():
+        logits = model(input_ids=tensor, attention_mask=mask).logits[0, prompt_length - 1:-1].double()
+    return float(torch.log_softmax(logits, -1).gather(1, tensor[0, prompt_length:, None]).sum())
+
+
+def test_collect_keeps_instances_and_drops_and_report_prints_the_table(folder, tmp_path, capsys):
+    out = tmp_path / "study"
+    common = ["collect", "--model", folder, "--data", str(SHARED), "--out", str(out), "--first", "3", "--count", "2",
+              "--length", "120", "--masks", "8", "--max-new-tokens", "3", "--families", FAMILIES, "--workers", "2"]
+    for worker in ("0", "1"):
+        assert explore.main([*common, "--worker", worker]) == 0
+    assert "1 contexts of 1" in capsys.readouterr().out
+    examples = context_examples(["qa", "claim"], "train", 120, 5, 0, SHARED)[3:]
+    records = [json.loads(line) for k in (0, 1) for line in (out / f"side_{k}.jsonl").read_text().splitlines()]
+    assert [(r["id"], r["seed"]) for r in records] == [(examples[0].id, 3), (examples[1].id, 4)]  # one block each
+    # the calibrate study's convention: the i-th context's masks from seed first + i
+    kept = training.kept_instances(out / "train", [e.id for e in examples], masks=8, seed=3,
+                                   families=FAMILIES.split(","))
+    assert [inst.id for inst in kept] == [e.id for e in examples]
+    model, _ = normx.load_model(folder)
+    for record, inst in zip(records, kept):
+        ids, length, spans = record["ids"], record["prompt_length"], record["spans"]
+        assert inst.masks.shape == (8, len(spans)) and len(record["drops"]) == len(spans)
+        end = spans[-1][1]
+        log_p, _ = hidden_source_outcomes(model_handle(model), ids, length, [list(range(a, b)) for a, b in spans],
+                                          "test", first_row=end)
+        np.testing.assert_allclose(record["drops"], (log_p[0] - log_p[1:]).sum(1).numpy(), rtol=1e-9, atol=1e-9)
+        plain = response_log_p(model, ids, length)
+        want = [plain - response_log_p(model, ids, length, range(a, b), end) for a, b in spans]
+        np.testing.assert_allclose(record["drops"], want, rtol=1e-4, atol=1e-4)
+        assert np.abs(want).max() > 1e-4  # the hiding changes something
+    assert explore.main([*common, "--worker", "0"]) == 0  # a rerun resumes: nothing again
+    assert "0 contexts of 1" in capsys.readouterr().out
+    assert len((out / "side_0.jsonl").read_text().splitlines()) == 1
+
+    assert explore.main(["report", "--out", str(out), "--masks", "8"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith("2 contexts (claim 1, qa 1), 8 masks each")
+    for row in ("| tokens+q0 | ", "| tokens+source_knockout+q0 | ", "| norm | head | ", "| LASSO | "):
+        assert row in printed
+    assert (out / "report.md").read_text() == printed
+    assert explore.main(["report", "--out", str(out), "--masks", "8"]) == 0  # deterministic
+    assert capsys.readouterr().out == printed
+
+
+def test_damaged_side_lines_are_errors_for_report_and_dropped_by_collect(tmp_path, capsys):
+    side = tmp_path / "side_0.jsonl"
+    good = {"id": "qa-train-120-0-1", "seed": 3, "ids": [1, 2, 3, 4, 5, 6], "prompt_length": 5,
+            "spans": [[0, 2], [2, 3]], "drops": [0.5, -0.1]}
+    side.write_text(json.dumps(good) + "\n" + json.dumps({**good, "drops": [1.0]}) + "\n")
+    assert explore.main(["report", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("explore: error: ") and f"{side}:2" in err and "one finite number a span" in err
+    side.write_text(json.dumps(good) + "\n" + json.dumps(good)[:20] + "\n")
+    assert [r["id"] for r in explore.read_side(side, repair=True)] == [good["id"]]
+    assert side.read_text() == json.dumps(good) + "\n"  # written again whole
+    assert explore.main(["report", "--out", str(tmp_path)]) == 2  # no kept instance for it
+    assert "the report needs 2 or more" in capsys.readouterr().err
+    assert explore.main(["report", "--out", str(tmp_path), "--packed", str(side)]) == 2  # --packed without --side
+    assert "--side" in capsys.readouterr().err
