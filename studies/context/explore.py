@@ -8,8 +8,8 @@ and one line per context in ``OUT/side_K.jsonl`` (id, index, seed, ids, prompt_l
 each source's drop in the response's log-probability when it is hidden from every row after the context's end (the
 query's and the response's; :func:`normx.methods.decoder.knockout.hidden_source_outcomes` with ``first_row`` the
 context's end), the feature called ``q0`` below. Worker K of W takes the K-th contiguous block of the contexts;
-several workers are the shell's, one process each (a context already in the side file is skipped, so a rerun
-resumes)::
+several workers are the shell's, one process each (a context already in the worker's side file is skipped, so a
+rerun with the same ``--workers`` resumes)::
 
     for k in 0 1 2 3 4 5; do
       python -m studies.context.explore collect --data DATA --out DIR --first 72 --count 1600 --worker $k \\
@@ -258,10 +258,13 @@ def study_instances(args, families: list[str]) -> tuple[list, list[str]]:
         sides = [r for f in sorted(args.out.glob("side_*.jsonl")) for r in read_side(f)]
         pairs = []
         for record in sides:
+            if record["seed"] is None:
+                raise InvalidInputError(f"context {record['id']}: its side line has no seed (collect writes it)")
             kept = training.kept_instances(args.out / "train", [record["id"]], masks=args.masks,
-                                           seed=record["seed"] if record["seed"] is not None else -1,
-                                           families=families)
+                                           seed=record["seed"], families=families)
             pairs += [(record["seed"], inst) for inst in kept]
+    if len({inst.id for _, inst in pairs}) < len(pairs):
+        raise InvalidInputError("a context has two instances")
     by_id = {}
     for record in sides:
         if record["id"] in by_id:
@@ -274,6 +277,8 @@ def study_instances(args, families: list[str]) -> tuple[list, list[str]]:
             notes.append(f"{inst.id}: no side line, left out")
             continue
         sources = record["sources"]
+        if record["seed"] not in (None, seed):
+            raise InvalidInputError(f"{inst.id}: its side line says seed {record['seed']}, its instance {seed}")
         if any(v.shape[0] != sources or v.ndim != 3 for v in inst.features.values()) or inst.masks.shape != (
                 args.masks, sources) or inst.y.shape != (args.masks,):
             raise InvalidInputError(f"{inst.id}: features, masks or outcomes are not {args.masks} masks over its "

@@ -7,6 +7,7 @@ error (exit 2)."""
 
 from __future__ import annotations
 
+import gzip
 import json
 
 import locations
@@ -91,6 +92,20 @@ def test_collect_keeps_instances_and_drops_and_report_prints_the_table(folder, t
         assert row in printed
     assert (out / "report.md").read_text() == printed
     assert explore.main(["report", "--out", str(out), "--masks", "8"]) == 0  # deterministic
+    assert capsys.readouterr().out == printed
+    # the packed form of a lent card's run (c{n}_ entries; side lines with q0, no seed): the same table
+    part, lines = {}, []
+    for n, (record, inst) in enumerate(zip(reversed(records), reversed(kept))):  # order comes from the seeds
+        part.update({f"c{n}_id": inst.id, f"c{n}_key": training._key(8, record["seed"]), f"c{n}_masks": inst.masks,
+                     f"c{n}_y": inst.y, **{f"c{n}_f_{f}": v for f, v in inst.features.items()}})
+        lines.append(json.dumps({"id": record["id"], "index": n, "ids": record["ids"],
+                                 "prompt_length": record["prompt_length"], "spans": record["spans"],
+                                 "q0": record["drops"]}))
+    np.savez(tmp_path / "part.npz", **part)
+    with gzip.open(tmp_path / "side.jsonl.gz", "wt") as side:
+        side.write("\n".join(lines) + "\n")
+    assert explore.main(["report", "--out", str(tmp_path / "packed"), "--masks", "8", "--packed",
+                         str(tmp_path / "part.npz"), "--side", str(tmp_path / "side.jsonl.gz")]) == 0
     assert capsys.readouterr().out == printed
 
 
