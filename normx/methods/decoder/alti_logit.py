@@ -146,7 +146,7 @@ def alti_logit_rows(run: Pass, queries: torch.Tensor, columns: torch.Tensor, voc
     time from the top down, each made again from its recorded input (:meth:`DecoderRecording.load`) and let go
     after: memory grows with T (each block's input, and one block's attention output, queries, keys and value
     vectors through W_O at a time), the work with T^2 per block."""
-    rec = record_decoder(run, mlp=False, lazy=True)
+    rec = record_decoder(run, mlp=False, lazy=True, method=METHOD)
     layers = list(run.layers)
     w, _ = head_map(run, vocab)
     norm = run.adapter.norm_module(run.model)

@@ -74,26 +74,27 @@ class DecoderRecording:
             self.attention_out[i], self.probs[i], self.norms[i] = None, None, {}
 
 
-def _unsupported(base, what: str) -> UnsupportedModelError:
-    return UnsupportedModelError(f"{METHOD} for decoders cannot decompose {type(base).__name__}: {what}")
+def _unsupported(base, what: str, method: str = METHOD) -> UnsupportedModelError:
+    return UnsupportedModelError(f"{method} for decoders cannot decompose {type(base).__name__}: {what}")
 
 
-def _wiring(base, adapter) -> tuple[list[DecoderBlock], list[BlockAttention]]:
+def _wiring(base, adapter, method: str = METHOD) -> tuple[list[DecoderBlock], list[BlockAttention]]:
     blocks = []
     for index, block in enumerate(adapter.block_modules(base)):
         wiring = decoder_block(block)
         if isinstance(wiring, str):
-            raise _unsupported(base, f"block {index + 1}: {wiring}")
+            raise _unsupported(base, f"block {index + 1}: {wiring}", method)
         blocks.append(wiring)
-    attention = block_attention(base, list(range(1, len(blocks) + 1)), METHOD, values=True)
+    attention = block_attention(base, list(range(1, len(blocks) + 1)), method, values=True)
     for layer, read in attention.items():
         if read.parts.v_norm is not None:
-            raise _unsupported(base, f"block {layer} normalises its value vectors (v_norm), which is not linear")
+            raise _unsupported(base, f"block {layer} normalises its value vectors (v_norm), which is not linear",
+                               method)
         if read.parts.clip:
             raise _unsupported(base, f"it clips its projections' outputs (at {read.parts.clip:g}), which is not "
-                               "linear")
+                               "linear", method)
     if adapter.norm_module(base) is None:
-        raise _unsupported(base, "its adapter names no final norm")
+        raise _unsupported(base, "its adapter names no final norm", method)
     return blocks, [attention[layer] for layer in sorted(attention)]
 
 
@@ -112,7 +113,8 @@ class OwnProbabilities:
         return self.probs[row, :, start:stop, :length].float()
 
 
-def record_decoder(run: Pass, mlp: bool = True, lazy: bool = False) -> DecoderRecording:
+def record_decoder(run: Pass, mlp: bool = True, lazy: bool = False, method: str = METHOD
+                   ) -> DecoderRecording:
     """Run ``run``'s forward pass (so its captured layers are there after) with hooks on every block, its norms,
     attention and MLP (``mlp=False``: not the MLP and its norms, and the attention's input norm recomputed by who
     reads it; ALTI-Logit needs no more); return what the decomposition keeps fixed.
@@ -126,19 +128,20 @@ def record_decoder(run: Pass, mlp: bool = True, lazy: bool = False) -> DecoderRe
     ``lazy`` (with ``mlp=False``, on the model's own attention): keep only each block's input and output and its
     call; :meth:`DecoderRecording.load` runs block i again alone on its recorded input (checked to give its
     recorded output) to make its attention output, queries and keys, and :meth:`DecoderRecording.drop` lets them
-    go, so a reader that takes the blocks one at a time holds one block's [T, hidden] tensors instead of all."""
+    go, so a reader that takes the blocks one at a time holds one block's [T, hidden] tensors instead of all.
+    ``method`` names the reader in the errors."""
     base, adapter = run.model, run.adapter
-    blocks, attention = _wiring(base, adapter)
+    blocks, attention = _wiring(base, adapter, method)
     read = {i + 1: block for i, block in enumerate(attention)}
     linear = linear_modules(read)
     if linear is not None:
         try:
             with using(base):
-                return _record(run, blocks, attention, mlp, linear, lazy and not mlp)
+                return _record(run, blocks, attention, mlp, linear, lazy and not mlp, method)
         except Unreadable:
             pass
     with attention_weights(base):
-        return _record(run, blocks, attention, mlp, {}, False)
+        return _record(run, blocks, attention, mlp, {}, False, method)
 
 
 def _cached(args: tuple, kwargs: dict) -> bool:
@@ -149,7 +152,7 @@ def _cached(args: tuple, kwargs: dict) -> bool:
 
 
 def _record(run: Pass, blocks: list[DecoderBlock], attention: list[BlockAttention], mlp: bool, linear: dict,
-            lazy: bool = False) -> DecoderRecording:
+            lazy: bool = False, method: str = METHOD) -> DecoderRecording:
     base, adapter = run.model, run.adapter
     n = len(blocks)
     rec = DecoderRecording(blocks, attention, [None] * n, [None] * n, [None] * n, [None] * n, [{} for _ in range(n)],
@@ -176,7 +179,7 @@ def _record(run: Pass, blocks: list[DecoderBlock], attention: list[BlockAttentio
             rec.block_in[i] = (args[0] if args else kwargs["hidden_states"]).detach()
             rec.block_out[i] = output_tensor(output).detach()
             if lazy and not _cached(args, kwargs):
-                rec.calls[i] = _replay(rec, i, base, modules, on_call, args, kwargs)
+                rec.calls[i] = _replay(rec, i, base, modules, on_call, args, kwargs, method)
                 rec.drop(i)
         elif part in ("values", "qk"):
             seen[i][role[0] if role else part] = output_tensor(output).detach()
@@ -186,15 +189,16 @@ def _record(run: Pass, blocks: list[DecoderBlock], attention: list[BlockAttentio
             if probs is not None:
                 rec.probs[i] = OwnProbabilities(probs.detach())
             elif not linear:
-                raise _unsupported(base, f"block {i + 1}'s attention returned no probabilities under eager attention")
+                raise _unsupported(base, f"block {i + 1}'s attention returned no probabilities under eager "
+                                   "attention", method)
             else:
                 got, seen[i] = seen[i], {}
                 read = rec.attention[i]
                 scores = block_scores(read, {k: v for k, v in got.items() if k != "values"}, kwargs, mask)
                 rows = scores.probabilities(last) * mask[:, None, None, :].to(scores.queries.dtype)
-                values = repeat_values(read.value_vectors(got["values"]), rows.shape[1], read, METHOD)
+                values = repeat_values(read.value_vectors(got["values"]), rows.shape[1], read, method)
                 try:
-                    check_mix(rows, values, output, read, last, METHOD)
+                    check_mix(rows, values, output, read, last, method)
                 except UnsupportedModelError as exc:
                     raise Unreadable(str(exc)) from None
                 rec.probs[i] = scores
@@ -209,8 +213,8 @@ def _record(run: Pass, blocks: list[DecoderBlock], attention: list[BlockAttentio
     return rec
 
 
-def _replay(rec: DecoderRecording, i: int, base, modules: dict, on_call, args: tuple, kwargs: dict
-            ) -> Callable[[], None]:
+def _replay(rec: DecoderRecording, i: int, base, modules: dict, on_call, args: tuple, kwargs: dict,
+            method: str = METHOD) -> Callable[[], None]:
     """Block i run again alone on its recorded call, with the recording's hooks on its attention, its norms and
     its query / key / value sources (not on the block: its recorded input and output stay as they are)."""
     block = modules[f"{i}.block"]
@@ -221,12 +225,12 @@ def _replay(rec: DecoderRecording, i: int, base, modules: dict, on_call, args: t
             with using(base), hooked(own, on_call), torch.no_grad():
                 out = output_tensor(block(*args, **kwargs))
         except Unreadable as exc:
-            raise _unsupported(base, f"block {i + 1} run again alone: {exc}") from None
+            raise _unsupported(base, f"block {i + 1} run again alone: {exc}", method) from None
         real = rec.block_out[i]
         worst = 0.0 if torch.equal(out, real) else float((out.float() - real.float()).abs().max())
         if worst > tolerance(real.dtype) * max(float(real.float().abs().max()), 1e-6):
             raise _unsupported(base, f"block {i + 1} run again alone on its recorded input gives another output "
-                               f"(off by {worst:.3g}): its blocks do not compute the same twice")
+                               f"(off by {worst:.3g}): its blocks do not compute the same twice", method)
 
     return again
 
