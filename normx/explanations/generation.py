@@ -132,7 +132,7 @@ def explain_token_ids(model, tokenizer, token_ids: Sequence[Sequence[int]], prom
     positive_int(batch_size, "batch_size")
     plan = _causal_plan(model, tokenizer, method, layer, options, "explain_token_ids")
     limit = max_input_length(tokenizer, plan.handle)
-    sequences = []
+    sequences, items = [], []
     vocab = len(tokenizer)
     for given, length in zip(token_ids, prompt_lengths):
         ids = [] if isinstance(given, str) or not isinstance(given, Sequence) else list(given)
@@ -147,10 +147,11 @@ def explain_token_ids(model, tokenizer, token_ids: Sequence[Sequence[int]], prom
         if len(ids) > limit:
             raise InputTooLongError(f"a sequence has {len(ids)} tokens; this model takes {limit}")
         item = _encoded(tokenizer, ids)
+        items.append(item)
         sequences.append((item.text[:item.offsets[length - 1][1]], ids[:length], ids[length:]))
     request = {"layer": layer, "chat": False, "max_new_tokens": None, "teacher_forcing": True, "gen_args": {},
                "scope": None, "max_length": limit, "truncation": "error", "warnings": [[]] * len(sequences)}
-    return _explained(plan, tokenizer, sequences, batch_size, request)
+    return _explained(plan, tokenizer, sequences, batch_size, request, items)
 
 
 def _causal_plan(model, tokenizer, method: str, layer, options: dict, caller: str) -> Plan:
@@ -162,10 +163,12 @@ def _causal_plan(model, tokenizer, method: str, layer, options: dict, caller: st
 
 
 def _explained(plan: Plan, tokenizer, sequences: list[tuple[str, list[int], list[int]]], batch_size: int,
-               request: dict) -> list[Generation]:
+               request: dict, items: list[Encoded] | None = None) -> list[Generation]:
     """Each ``(prompt, prompt ids, continuation ids)`` explained (one pass for all steps, or one per step), with
-    the ``request``'s layer, chat, max_new_tokens, teacher_forcing and gen_args in the settings."""
-    items = [_encoded(tokenizer, ids + new) for _, ids, new in sequences]
+    the ``request``'s layer, chat, max_new_tokens, teacher_forcing and gen_args in the settings; ``items``: the
+    sequences already encoded (:func:`_encoded` of prompt ids + continuation ids), where the caller has them."""
+    if items is None:
+        items = [_encoded(tokenizer, ids + new) for _, ids, new in sequences]
     lengths = [len(ids) for _, ids, _ in sequences]
     prompts = [prompt for prompt, _, _ in sequences]
     method = plan.method
