@@ -84,7 +84,7 @@ def test_one_pass_generation_rows_equal_each_step_alone(monkeypatch):
 def test_a_mixture_of_experts_is_refused():
     model = architectures.build("mixtral", "MixtralForCausalLM", "causal_lm")
     tok = architectures.word_tokenizer(model, "causal_lm")
-    with pytest.raises(UnsupportedModelError, match="ALTI-Logit for decoders cannot decompose .*no activation module"):
+    with pytest.raises(UnsupportedModelError, match=r"ALTI-Logit for decoders cannot decompose .*no activation module"):
         normx.explain(model, tok, architectures.reference_texts(model, "causal_lm")[0], method="alti_logit")
 
 
@@ -128,7 +128,7 @@ def test_a_block_that_computes_otherwise_when_run_again_is_refused():
     handles = [model.model.register_forward_pre_hook(lambda *_: inside.append(1)),
                model.model.register_forward_hook(lambda *_: inside.clear()), block.register_forward_hook(drift)]
     try:
-        with pytest.raises(UnsupportedModelError, match="ALTI-Logit for decoders cannot decompose .*run again alone"):
+        with pytest.raises(UnsupportedModelError, match=r"ALTI-Logit for decoders .*run again alone"):
             normx.explain(model, tok, "the film was a gripping story", method="alti_logit", target=[TARGET])
     finally:
         for handle in handles:
