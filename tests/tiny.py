@@ -305,3 +305,16 @@ def minilm_classifier(num_labels: int = NUM_LABELS):
         get_model_path(), num_labels=num_labels, id2label=dict(ID2LABEL), label2id={v: k for k, v in ID2LABEL.items()})
     model.eval()
     return model, wordpiece_tokenizer()
+
+
+def chat_qwen2_folder(path) -> str:
+    """A tiny Qwen2 causal LM with a chat template, taking prompts of a few hundred tokens, saved in ``path`` (a
+    model folder a CLI or a study loads by path)."""
+    model, tokenizer = build("Qwen2ForCausalLM", fresh=True)
+    model.config.max_position_embeddings = 4096
+    tokenizer.model_max_length = 4096
+    tokenizer.chat_template = ("{% for m in messages %}<s>{{ m['role'] }}\n{{ m['content'] }}</s>\n{% endfor %}"
+                               "{% if add_generation_prompt %}<s>assistant\n{% endif %}")
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)

@@ -173,15 +173,7 @@ def test_every_family_sums_to_theta_times_the_training_features(llama, tmp_path,
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
     """A tiny Qwen2 causal LM with a chat template (prompts of a few hundred tokens)."""
-    model, tokenizer = tiny.build("Qwen2ForCausalLM", fresh=True)
-    model.config.max_position_embeddings = 4096
-    tokenizer.model_max_length = 4096
-    tokenizer.chat_template = ("{% for m in messages %}<s>{{ m['role'] }}\n{{ m['content'] }}</s>\n{% endfor %}"
-                               "{% if add_generation_prompt %}<s>assistant\n{% endif %}")
-    path = tmp_path_factory.mktemp("qwen2-chat")
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return str(path)
+    return tiny.chat_qwen2_folder(tmp_path_factory.mktemp("qwen2-chat"))
 
 
 @pytest.mark.skipif(not (SHARED / "qnli").is_dir(), reason="the shared GLUE data folder is not here")
