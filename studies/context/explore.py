@@ -304,15 +304,9 @@ def kind_of(id: str) -> str:
 
 def cv_lds(instances, families, lam: float, tying: str = "all") -> np.ndarray:
     """Each instance's LDS when left out (``fit.cross_validate``'s folds and fit; their mean is its number)."""
-    from normx.methods.calibrated.fit import centred_ridge, folds_of, instance_lds
+    from normx.methods.calibrated.fit import left_out_lds
 
-    scores = np.zeros(len(instances))
-    for left in folds_of(len(instances), FOLDS):
-        held = set(left.tolist())
-        theta = centred_ridge([x for i, x in enumerate(instances) if i not in held], families, lam, "logprob", tying)
-        for i in left:
-            scores[i] = instance_lds(instances[i], families, theta, tying)
-    return scores
+    return left_out_lds(instances, families, lam, "logprob", FOLDS, tying)
 
 
 def lasso_lds(instance) -> float:

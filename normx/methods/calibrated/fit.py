@@ -166,16 +166,23 @@ def folds_of(count: int, folds: int) -> list[np.ndarray]:
     return [part for part in np.array_split(np.arange(count), min(folds, count)) if len(part)]
 
 
-def cross_validate(instances: Sequence[Instance], families: Sequence[str], lam: float, scaling: str,
-                   folds: int = 5, tying: str = "head") -> float:
-    """The mean LDS of left-out instances over ``folds`` folds, each fitted on the other instances."""
-    scores = []
+def left_out_lds(instances: Sequence[Instance], families: Sequence[str], lam: float, scaling: str,
+                 folds: int = 5, tying: str = "head") -> np.ndarray:
+    """Each instance's LDS when its fold is left out (``folds`` folds, each fitted on the other instances)."""
+    scores = np.zeros(len(instances))
     for left in folds_of(len(instances), folds):
         held = set(left.tolist())
         train = [inst for i, inst in enumerate(instances) if i not in held]
         theta = centred_ridge(train, families, lam, scaling, tying)
-        scores += [instance_lds(instances[i], families, theta, tying) for i in left]
-    return float(np.mean(scores))
+        for i in left:
+            scores[i] = instance_lds(instances[i], families, theta, tying)
+    return scores
+
+
+def cross_validate(instances: Sequence[Instance], families: Sequence[str], lam: float, scaling: str,
+                   folds: int = 5, tying: str = "head") -> float:
+    """The mean LDS of left-out instances over ``folds`` folds, each fitted on the other instances."""
+    return float(np.mean(left_out_lds(instances, families, lam, scaling, folds, tying)))
 
 
 def family_sets(candidates: Sequence[str]) -> list[tuple[str, ...]]:

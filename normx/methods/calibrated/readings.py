@@ -152,11 +152,15 @@ def source_readings(handle, ids: Sequence[int], prompt_length: int, sources: Seq
     logits = None
     if "tokens" in families:
         out["tokens"] = np.repeat(np.array([[len(m) / steps] for m in sources], np.float64), steps, axis=1)
-    for family in ("source_knockout", "query_knockout"):
-        if family in families:
-            first = (None if family == "source_knockout" else query_first_row(len(ids), prompt_length, sources))
-            log_p, logits = hidden_source_outcomes(handle, ids, prompt_length, sources, method, batch_size, first)
-            out[family] = (log_p[0][None] - log_p[1:]).numpy()
+    firsts = {"source_knockout": prompt_length - 1, "query_knockout": query_first_row(len(ids), prompt_length,
+                                                                                      sources)}
+    drops: dict[int, np.ndarray] = {}  # by first re-read row: one pass where both families re-read the same rows
+    for family in (f for f in firsts if f in families):
+        if firsts[family] not in drops:
+            log_p, logits = hidden_source_outcomes(handle, ids, prompt_length, sources, method, batch_size,
+                                                   firsts[family])
+            drops[firsts[family]] = (log_p[0][None] - log_p[1:]).numpy()
+        out[family] = drops[firsts[family]]
     return out, logits
 
 
