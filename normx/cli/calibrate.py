@@ -31,8 +31,9 @@ def add_parser(sub, heavy: bool) -> argparse.ArgumentParser:
     parser.add_argument("--families", default="tokens,source_knockout", help="the feature families the "
                         "cross-validation chooses from: attention, norm, logit (one eager pass), knockout, "
                         "knockout_abs (one pass and one backward over the answer's rows), tokens, source_knockout, "
-                        "query_knockout (per source: its size, the exact drop when the answer's rows cannot read "
-                        "it, and when the query's rows after the context cannot either); default "
+                        "query_knockout, reread (per source: its size, the exact drop when the answer's rows cannot "
+                        "read it, and when the query's rows after the context cannot either, and its effect in a "
+                        "surrogate of 8 balanced re-read ablations with positions closed up); default "
                         "tokens,source_knockout")
     parser.add_argument("--folds", type=int, default=5, help="cross-validation folds over contexts (default 5)")
     parser.add_argument("--max-new-tokens", type=int, default=12, help="the answer's length at most (default 12)")

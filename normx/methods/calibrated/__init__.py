@@ -11,13 +11,16 @@ over the per-head readings R of :mod:`~normx.methods.calibrated.readings` (``att
 gradient of the response's log-probability with respect to a bias on that attention score, and its size) and the
 per-source readings s of the source j(i) holding token i (``tokens``: its size; ``source_knockout``: the exact drop
 in log p(y_t) when the response's rows cannot read it; ``query_knockout``: the same when the query's rows after the
-context cannot read it either, within a row budget), so that a source's score (its tokens' entries summed over
-the steps) is theta^T F_j, the fitted prediction of the drop in the response's log-probability when the source is
+context cannot read it either, within a row budget; ``reread``: its effect in a per-context surrogate of balanced
+re-read ablations, :mod:`~normx.methods.calibrated.surrogate`), so that a source's score (its tokens' entries summed
+over the steps) is theta^T F_j, the fitted prediction of the drop in the response's log-probability when the source is
 removed. The weights decide the cost: the per-head attention families one eager forward pass (``logit``: and one
 backward through the final norm and head), the knockout families one pass over the prompt and one forward and
 backward pass over the response's rows, ``source_knockout`` one pass over the prompt and one over the response's
 rows per source (batched), ``query_knockout`` one pass over the prompt up to its first hidden row and one over the
 hidden rows per source (at most :data:`~normx.methods.calibrated.readings.QUERY_BUDGET` rows per token in all),
+``reread`` one pass over the prompt up to its first re-read row and one over the re-read rows per mask (at most
+:data:`~normx.methods.calibrated.readings.REREAD_BUDGET` rows per token in all),
 ``tokens`` nothing but the sources. The sources: the ``sources`` option, as the
 ablation methods take it (the prompt's sentences by default). The weights: the file ``weights=`` names, else the
 ones stored for the model's fingerprint (:mod:`~normx.methods.calibrated.weights`; the smollm2 preset ships its
@@ -104,7 +107,8 @@ register_method(Method(
     NAME, _refuse,
     "Calibrated attention: weights over normx's attention readings from the response's rows (per head: attention, "
     "norm-weighted, direct-logit, knockout gradients; per source: its size and the exact drop when the response "
-    "(and the query) cannot read it), fitted per model by `normx calibrate` to the response's log-probability "
+    "(and the query) cannot read it, its effect in a surrogate of re-read ablations), fitted per model by "
+    "`normx calibrate` to the response's log-probability "
     "under random source removals; one to two forward passes",
     display="Calibrated attention", response=calibrated, response_only=True, label_dependent=True, layered=False,
     predicts=True, exclusive=True, reading="signed", supports=_supports,

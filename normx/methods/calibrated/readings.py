@@ -26,7 +26,11 @@ that know the prompt's sources (the ablation methods' ``sources`` option):
 - ``query_knockout``: the same drop with the source hidden from the prompt's last rows as well, those after it (the
   query's: the question or claim that the model reads the sources with), as many as a budget allows
   (:func:`query_first_row`: the cache up to the first re-read row plus one pass over the re-read rows per source and
-  one unhidden, at most :data:`QUERY_BUDGET` rows per token of the sequence).
+  one unhidden, at most :data:`QUERY_BUDGET` rows per token of the sequence);
+- ``reread``: each source's effect in a small surrogate fitted per context (:mod:`~normx.methods.calibrated.
+  surrogate`) to :data:`REREAD_MASKS` balanced re-read ablations (:func:`normx.methods.decoder.rereads.
+  masked_rereads`: the removed sources hidden from the last rows, the positions closed up), as many last rows as
+  :data:`REREAD_BUDGET` allows (:func:`reread_first_row`).
 
 :func:`head_readings` hands each block's [families, heads, steps, tokens] block to a ``reduce`` callback inside the
 pass (so a pass keeps what ``reduce`` returns, not every block's readings): the calibrated method contracts it with
@@ -45,15 +49,20 @@ import numpy as np
 from normx._torch import torch
 from normx.core.forward import Pass
 from normx.errors import InvalidInputError
+from normx.methods.calibrated.surrogate import balanced_masks, ridge_effects
 from normx.methods.decoder.heads import block_attention, check_response, decoder_shape
 from normx.methods.decoder.knockout import hidden_source_outcomes, knockout_gradients
 from normx.methods.decoder.maps import read_blocks
+from normx.methods.decoder.rereads import masked_rereads
 from normx.methods.response import response_positions
 
-FAMILIES = ("attention", "norm", "logit", "knockout", "knockout_abs", "tokens", "source_knockout", "query_knockout")
+FAMILIES = ("attention", "norm", "logit", "knockout", "knockout_abs", "tokens", "source_knockout", "query_knockout",
+            "reread")
 KNOCKOUT = ("knockout", "knockout_abs")  # read by the knockout pass, not the eager one
-SCALAR = ("tokens", "source_knockout", "query_knockout")  # one number per source: 1 x 1 weight tables
+SCALAR = ("tokens", "source_knockout", "query_knockout", "reread")  # one number per source: 1 x 1 weight tables
 QUERY_BUDGET = 1.6  # query_knockout's rows: the cache's plus (sources + 1) x the hidden rows, per token of the sequence
+REREAD_MASKS = 8  # reread's balanced masks (besides keeping everything)
+REREAD_BUDGET = 1.45  # reread's rows: the cache's plus (masks + 1) x the re-read rows, per token of the sequence
 
 
 def check_families(families: Sequence[str]) -> tuple[str, ...]:
@@ -141,6 +150,15 @@ def query_first_row(total: int, prompt_length: int, sources: Sequence[Sequence[i
     return min(prompt_length - 1, max(start, total - 1 - rows))
 
 
+def reread_first_row(total: int, prompt_length: int, sources: Sequence[Sequence[int]],
+                     masks: int = REREAD_MASKS) -> int:
+    """The first row ``reread`` re-reads: the cache's rows plus (masks + 1) x the re-read rows within
+    REREAD_BUDGET x ``total``, not before the first source's second token, the response's rows at least."""
+    start = min(min(members) for members in sources) + 1
+    rows = int(((REREAD_BUDGET - 1) * total + 1) / masks)
+    return min(prompt_length - 1, max(start, total - 1 - rows))
+
+
 def source_readings(handle, ids: Sequence[int], prompt_length: int, sources: Sequence[Sequence[int]],
                     families: Sequence[str], method: str, batch_size: int = 8
                     ) -> tuple[dict[str, np.ndarray], torch.Tensor | None]:
@@ -161,6 +179,11 @@ def source_readings(handle, ids: Sequence[int], prompt_length: int, sources: Seq
                                                    firsts[family])
             drops[firsts[family]] = (log_p[0][None] - log_p[1:]).numpy()
         out[family] = drops[firsts[family]]
+    if "reread" in families:
+        drawn = balanced_masks(len(sources), REREAD_MASKS)
+        first_row = reread_first_row(len(ids), prompt_length, sources)
+        log_p, logits = masked_rereads(handle, ids, prompt_length, sources, drawn, method, first_row, batch_size)
+        out["reread"] = ridge_effects(drawn, log_p)
     return out, logits
 
 
