@@ -108,3 +108,26 @@ def test_bad_masks_and_rows_say_what_was_given():
         rereads.masked_rereads(handle, ids, length, SOURCES, MASKS, "test", first_row=length)
     with pytest.raises(InvalidInputError, match="source 0 is empty"):
         rereads.masked_rereads(handle, ids, length, [[]], MASKS[:, :1], "test", first_row=5)[0]
+
+
+@pytest.mark.parametrize(("model_type", "name"), [
+    ("gemma3_text", "Gemma3ForCausalLM"),  # local and global blocks rotate by different bases
+    ("phi", "PhiForCausalLM"),  # partial rotary, the family's function given the rotated part
+    ("gpt_neox", "GPTNeoXForCausalLM"),  # partial rotary inside the family's function
+    ("phi3", "Phi3ForCausalLM"),
+])
+def test_other_rotary_families_close_up_positions_as_removal_does(model_type, name):
+    import architectures
+
+    model = architectures.build(model_type, name, "causal_lm").double()
+    ids = [int(i) for i in range(20, 40)]
+    length = 16
+    sources = [[1, 2, 3], [4, 5, 6, 7], [8, 9], [10, 11, 12]]
+    log_p, _ = rereads.masked_rereads(model_handle(model), ids, length, sources, MASKS, "test", first_row=1)
+    for row, keep in enumerate(MASKS):
+        gone = {i for j, members in enumerate(sources) if not keep[j] for i in members}
+        kept = [t for i, t in enumerate(ids) if i not in gone]
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([kept])).logits[0, -5:-1].double()
+        want = torch.log_softmax(logits, -1).gather(1, torch.tensor(ids[length:])[:, None])[:, 0].numpy()
+        np.testing.assert_allclose(log_p[row], want, rtol=1e-8, atol=1e-8)

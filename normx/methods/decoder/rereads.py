@@ -10,7 +10,7 @@ of that cache with
 - the positions closed up as if the removed tokens were gone: each cached key re-rotated back by the number of
   removed tokens before it, each re-read row given its position minus the removed tokens before it. Relative
   distances are then those of the shortened prompt. A rotary model's keys carry their position as a rotation, so
-  the re-rotation uses the model's own embeddings (the ``position_embeddings`` its first attention module receives
+  the re-rotation uses the model's own embeddings (the ``position_embeddings`` each block's attention module receives
   in the cache's pass, read at the shifts: cos(-d) = cos(d), sin(-d) = -sin(d), divided by their norm so that a
   scaled table rotates once) and its family's own ``apply_rotary_pos_emb``. A model without rotary embeddings
   (learned or ALiBi positions) cannot close them up this way and is refused by name.
@@ -40,40 +40,43 @@ from normx.methods.decoder.knockout import _biased, _setup
 from normx.models.attention_scores import _rotated
 
 
-def _cache_and_rotation(model, modules, tensor, first_row: int, keywords, method: str):
-    """The model's cache of the first ``first_row`` tokens, and the (cos, sin) [first_row, d] its first attention
-    module received there (None when it received no rotary embeddings)."""
-    first = min(modules, key=int)
-    with torch.no_grad(), record_calls({first: modules[first]}) as calls:
+def _cache_and_rotations(model, modules, tensor, first_row: int, keywords, method: str):
+    """The model's cache of the first ``first_row`` tokens, and per block (in order) the (cos, sin) [first_row, d]
+    its attention module received there (each block its own: families rotate some blocks by other bases), or None
+    when the model's attention receives no rotary embeddings."""
+    with torch.no_grad(), record_calls(modules) as calls:
         out = model(input_ids=tensor[:, :first_row], use_cache=True, **keywords[1])
     cache = next((out[name] for name in ("cache", "past_key_values") if out.get(name) is not None), None)
     if cache is None:
         raise UnsupportedModelError(f"{type(model).__name__} returned no key/value cache with use_cache=True; "
                                     f"{method} re-reads the last rows on the prompt's cache")
-    embeddings = calls[first].kwargs.get("position_embeddings")
-    if not isinstance(embeddings, (tuple, list)) or len(embeddings) != 2:
-        return cache, None
-    cos, sin = (e[0].float() for e in embeddings)  # [first_row, d]
-    size = torch.sqrt(cos ** 2 + sin ** 2).clamp_min(1e-12)
-    return cache, (cos / size, sin / size)
+    rotations = []
+    for key in sorted(modules, key=int):
+        embeddings = calls[key].kwargs.get("position_embeddings")
+        if not isinstance(embeddings, (tuple, list)) or len(embeddings) != 2:
+            return cache, None
+        cos, sin = (e[0].float() for e in embeddings)  # [first_row, d]
+        size = torch.sqrt(cos ** 2 + sin ** 2).clamp_min(1e-12)
+        rotations.append((cos / size, sin / size))
+    return cache, rotations
 
 
-def _shift_keys(module, cache, rotation, shifts: torch.Tensor, method: str) -> None:
-    """Rotate every cached key of batch row b and position j back by ``shifts[b, j]`` positions, in place."""
-    cos, sin = rotation
-    back_cos, back_sin = cos[shifts], -sin[shifts]  # [B, first_row, d], as the model's own embeddings
+def _shift_keys(modules, cache, rotations, shifts: torch.Tensor, method: str) -> None:
+    """Rotate every cached key of batch row b and position j back by ``shifts[b, j]`` positions, in place, each
+    block by its own embeddings and its module's family function."""
     layers = getattr(cache, "layers", None)
-    if not layers:
-        raise UnsupportedModelError(f"{method}: the model's {type(cache).__name__} holds no per-block key layers "
-                                    "to re-rotate")
-    for layer in layers:
+    if not layers or len(layers) != len(rotations):
+        raise UnsupportedModelError(f"{method}: the model's {type(cache).__name__} holds "
+                                    f"{len(layers) if layers else 0} key layers for {len(rotations)} blocks")
+    for key, layer, (cos, sin) in zip(sorted(modules, key=int), layers, rotations, strict=True):
         keys = getattr(layer, "keys", None)
         if not isinstance(keys, torch.Tensor) or keys.shape[-2] != shifts.shape[1]:
             raise UnsupportedModelError(
                 f"{method}: a cached block holds {None if keys is None else keys.shape[-2]} keys for "
                 f"{shifts.shape[1]} tokens (a sliding-window or compressed cache), so its positions cannot be "
                 "closed up")
-        rotated = _rotated(module, keys, keys, (back_cos.to(keys.dtype), back_sin.to(keys.dtype)))
+        back = (cos[shifts].to(keys.dtype), -sin[shifts].to(keys.dtype))  # [B, first_row, d]: cos(-d), sin(-d)
+        rotated = _rotated(modules[key], keys, keys, back)
         if isinstance(rotated, str):
             raise UnsupportedModelError(f"{method}: {rotated}")
         layer.keys = rotated[1]
@@ -108,10 +111,9 @@ def masked_rereads(handle, ids: Sequence[int], prompt_length: int, sources: Sequ
     targets = tensor[0, prompt_length:]
     log_p = np.zeros((len(masks), n))
     logits = None
-    first = modules[min(modules, key=int)]
     with handle.using(), torch.no_grad():
-        cache, rotation = _cache_and_rotation(model, modules, tensor, first_row, keywords, method)
-        if rotation is None and removed[:, :first_row].any():
+        cache, rotations = _cache_and_rotations(model, modules, tensor, first_row, keywords, method)
+        if rotations is None and removed[:, :first_row].any():
             raise UnsupportedModelError(
                 f"{method} closes up the positions of removed tokens by re-rotating the cached keys, but "
                 f"{type(model).__name__}'s attention receives no rotary position embeddings")
@@ -129,9 +131,9 @@ def masked_rereads(handle, ids: Sequence[int], prompt_length: int, sources: Sequ
             copied = copy.deepcopy(cache)
             copied.batch_repeat_interleave(count)
             extra = {}
-            if rotation is not None:
+            if rotations is not None:
                 shifts = torch.as_tensor(before[part, :first_row], device=tensor.device)
-                _shift_keys(first, copied, rotation, shifts, method)
+                _shift_keys(modules, copied, rotations, shifts, method)
                 extra["position_ids"] = torch.as_tensor(rows[None] - before[part][:, rows], device=tensor.device)
             head = {"logits_to_keep": n} if keywords[1] else {}
             with _biased(model, modules, lambda _key, bias=hide: bias, len(rows), keys, method):
