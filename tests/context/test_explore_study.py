@@ -21,7 +21,7 @@ from normx.core.handle import model_handle
 from normx.data.contexts import context_examples
 from normx.methods.calibrated import training
 from normx.methods.decoder.knockout import hidden_source_outcomes
-from studies.context import explore
+from studies.context import explore, fidelity
 
 SHARED = locations.SHARED
 FAMILIES = "attention,norm,logit,tokens,source_knockout"
@@ -99,6 +99,15 @@ def test_collect_keeps_instances_and_drops_and_report_prints_the_table(folder, t
     assert explore.main(["report", "--out", str(tmp_path / "packed"), "--masks", "8", "--packed",
                          str(tmp_path / "part.npz"), "--side", str(tmp_path / "side.jsonl.gz")]) == 0
     assert capsys.readouterr().out == printed
+    # studies/context/fidelity.py on the same packed run: re-read from the first source with the positions closed
+    # up IS the removal the kept outcomes were measured with
+    assert fidelity.main(["--packed", str(tmp_path / "part.npz"), "--side", str(tmp_path / "side.jsonl.gz"),
+                          "--masks", "8", "--model", folder, "--count", "2", "--threads", "1"]) == 0
+    table = capsys.readouterr().out
+    assert table.startswith("2 contexts, 8 masks each")
+    cells = {line.split(" (")[0][2:]: line.split(" | ")[1:] for line in table.splitlines() if line.startswith("| ")}
+    assert cells["all"][1].strip(" |") == "1.000"
+    assert all(-1 <= float(v.strip(" |")) <= 1 for row in ("response", "query") for v in cells[row])
 
 
 def test_damaged_side_lines_are_errors_for_report_and_dropped_by_collect(tmp_path, capsys):

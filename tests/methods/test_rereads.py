@@ -92,10 +92,28 @@ def test_a_model_without_rotary_embeddings_is_refused_by_name():
     ids, length = sequence(tok)
     with pytest.raises(UnsupportedModelError, match="GPT2LMHeadModel's attention receives no rotary"):
         rereads.masked_rereads(model_handle(model), ids, length, SOURCES, MASKS, "test", first_row=5)[0]
-    # removing nothing before the first re-read row needs no positions closed up
-    log_p = rereads.masked_rereads(model_handle(model), ids, length, [[length - 2]], np.array([[True], [False]]),
-                                   "test", first_row=length - 3)[0]
-    assert np.isfinite(log_p).all() and not np.allclose(log_p[0], log_p[1])
+    # removing nothing before the first re-read row turns no cached key: the re-read rows' positions move, and
+    # hiding the removed token from every row after it is then its removal
+    keep = np.array([[True], [False]])
+    log_p = rereads.masked_rereads(model_handle(model), ids, length, [[length - 2]], keep, "test",
+                                   first_row=length - 3)[0]
+    kept = ids[:length - 2] + ids[length - 1:]
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([kept])).logits[0, -5:-1].double()
+    want = torch.log_softmax(logits, -1).gather(1, torch.tensor(ids[length:])[:, None])[:, 0].numpy()
+    np.testing.assert_allclose(log_p[1], want, rtol=1e-4, atol=1e-4)
+    assert not np.allclose(log_p[0], log_p[1])
+
+
+def test_positions_kept_differ_from_positions_closed_up():
+    model, tok = tiny.build("LlamaForCausalLM", fresh=True)
+    model = model.double()
+    ids, length = sequence(tok)
+    closed = rereads.masked_rereads(model_handle(model), ids, length, SOURCES, MASKS, "test", first_row=1)[0]
+    kept = rereads.masked_rereads(model_handle(model), ids, length, SOURCES, MASKS, "test", first_row=1,
+                                  close_up=False)[0]
+    np.testing.assert_allclose(kept[0], closed[0], rtol=1e-9, atol=1e-9)  # nothing removed: the same pass
+    assert not np.allclose(kept[1:], closed[1:], rtol=1e-6, atol=1e-6)
 
 
 def test_bad_masks_and_rows_say_what_was_given():

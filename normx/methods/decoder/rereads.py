@@ -13,7 +13,8 @@ of that cache with
   the re-rotation uses the model's own embeddings (the ``position_embeddings`` each block's attention module receives
   in the cache's pass, read at the shifts: cos(-d) = cos(d), sin(-d) = -sin(d), divided by their norm so that a
   scaled table rotates once) and its family's own ``apply_rotary_pos_emb``. A model without rotary embeddings
-  (learned or ALiBi positions) cannot close them up this way and is refused by name.
+  (learned or ALiBi positions) cannot close them up this way and is refused by name where a removed token comes
+  before the first re-read row (where none does, the re-read rows' positions are all that move).
 
 What stays approximate: the cached rows of the prompt after a removed source have read it (what they carry of it
 reaches the re-read rows); only rows from ``first_row`` on are run without it. Hiding a source from every row after
@@ -83,12 +84,12 @@ def _shift_keys(modules, cache, rotations, shifts: torch.Tensor, method: str) ->
 
 
 def masked_rereads(handle, ids: Sequence[int], prompt_length: int, sources: Sequence[Sequence[int]],
-                   masks: np.ndarray, method: str, first_row: int, batch_size: int = 8
+                   masks: np.ndarray, method: str, first_row: int, batch_size: int = 8, close_up: bool = True
                    ) -> tuple[np.ndarray, torch.Tensor]:
     """``(log p [M, n] float64, logits [n, V] float32)``: each response token's log-probability under each mask
     (bool [M, sources], True = kept), each removed source hidden from the re-read rows from ``first_row`` on that
-    come after it, positions closed up (see the module's docstring); and the logits predicting the response under
-    the first mask."""
+    come after it, positions closed up (see the module's docstring; ``close_up=False``: the positions kept, the
+    removed tokens only hidden); and the logits predicting the response under the first mask."""
     model, modules, keywords, _, tensor = _setup(handle, ids, prompt_length, method)
     total = tensor.shape[1]
     n, keys = total - prompt_length, total - 1
@@ -113,7 +114,7 @@ def masked_rereads(handle, ids: Sequence[int], prompt_length: int, sources: Sequ
     logits = None
     with handle.using(), torch.no_grad():
         cache, rotations = _cache_and_rotations(model, modules, tensor, first_row, keywords, method)
-        if rotations is None and removed[:, :first_row].any():
+        if close_up and rotations is None and removed[:, :first_row].any():
             raise UnsupportedModelError(
                 f"{method} closes up the positions of removed tokens by re-rotating the cached keys, but "
                 f"{type(model).__name__}'s attention receives no rotary position embeddings")
@@ -131,9 +132,10 @@ def masked_rereads(handle, ids: Sequence[int], prompt_length: int, sources: Sequ
             copied = copy.deepcopy(cache)
             copied.batch_repeat_interleave(count)
             extra = {}
-            if rotations is not None:
-                shifts = torch.as_tensor(before[part, :first_row], device=tensor.device)
-                _shift_keys(modules, copied, rotations, shifts, method)
+            if close_up:  # (the cached keys need turning only where a removed token comes before the first row)
+                if removed[part, :first_row].any():
+                    shifts = torch.as_tensor(before[part, :first_row], device=tensor.device)
+                    _shift_keys(modules, copied, rotations, shifts, method)
                 extra["position_ids"] = torch.as_tensor(rows[None] - before[part][:, rows], device=tensor.device)
             head = {"logits_to_keep": n} if keywords[1] else {}
             with _biased(model, modules, lambda _key, bias=hide: bias, len(rows), keys, method):
