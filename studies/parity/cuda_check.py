@@ -63,8 +63,6 @@ DECODER_METHODS = [("normxlogit", {}), ("norm_attention", {}), ("attention", {})
                    ("calibrated_attention", {})]
 PROMPT = "the film was good. a dull movie with a plot! the end was fine. it was long."
 TARGET = " the film was a good story"
-CALIBRATED_FAMILIES = ("attention", "norm", "logit", "knockout", "knockout_abs", "tokens", "source_knockout",
-                       "query_knockout")
 
 
 @dataclass
@@ -139,6 +137,36 @@ def broken_reference(checks: Checks, name: str) -> None:
     checks.fail(f"{name} cpu float32 reference", traceback.format_exc(limit=2).strip().splitlines()[-1])
 
 
+def dtype_checks(checks: Checks, label: str, method: str, want: tuple, read: Callable[[str], tuple],
+                 contract: Callable[[str], str | None]) -> None:
+    """One method's checks on the device: in float32 equal to the CPU's ``want`` (scores, probabilities, and the
+    predictions or token ids), in each half dtype near that float32 result (the CPU's where it failed);
+    ``read(dtype name)`` gives the copy's arrays, ``contract(dtype name)`` checks what else holds of it (a detail
+    or None)."""
+    fp32_result: dict = {}
+
+    def fp32() -> str:
+        got = read("float32")
+        fp32_result["arrays"] = got
+        rtol = RTOL_BY_METHOD.get(method, RTOL)
+        parts = [assert_near(got[0], want[0], rtol, "scores"), assert_near(got[1], want[1], rtol, "probs")]
+        assert got[2] == want[2], f"predictions {got[2]} != {want[2]}"
+        return "; ".join(p for p in (*parts, contract("float32")) if p)
+
+    checks.run(f"{label} float32 == cpu float32", fp32)
+    for name, rtol in HALF_RTOL.items():
+        def half(name=name, rtol=rtol) -> str:
+            got = read(name)
+            ref = fp32_result.get("arrays") or want
+            return "; ".join(p for p in (assert_near(got[0], ref[0], rtol, "scores"), contract(name)) if p)
+
+        checks.run(f"{label} {name} ~ float32", half)
+
+
+def same_dtype(model, name: str) -> None:
+    assert next(model.parameters()).dtype == getattr(torch, name), "the model changed dtype"
+
+
 # ---- encoder -------------------------------------------------------------------------------------------------------
 
 def explanation_arrays(explanations) -> tuple[np.ndarray, np.ndarray, list]:
@@ -173,27 +201,11 @@ def encoder_checks(checks: Checks, device: str) -> None:
         except Exception:
             broken_reference(checks, f"encoder {method}")
             continue
-        fp32_result: dict = {}
-
-        def fp32(method=method, options=options, want=want, fp32_result=fp32_result) -> str:
-            got = explanation_arrays(normx.explain(models["float32"], tokenizer, texts, method, **options))
-            fp32_result["arrays"] = got
-            rtol = RTOL_BY_METHOD.get(method, RTOL)
-            parts = [assert_near(got[0], want[0], rtol, "scores"), assert_near(got[1], want[1], rtol, "probs")]
-            assert got[2] == want[2], f"predictions {got[2]} != {want[2]}"
-            parts.append(batch_contract(models["float32"], tokenizer, texts, method, options, device, torch.float32))
-            return "; ".join(parts)
-
-        checks.run(f"encoder {method} {device} float32 == cpu float32", fp32)
-        for name, rtol in HALF_RTOL.items():
-            def half(method=method, options=options, name=name, rtol=rtol, fp32_result=fp32_result, want=want) -> str:
-                got = explanation_arrays(normx.explain(models[name], tokenizer, texts, method, **options))
-                ref = fp32_result.get("arrays") or want
-                return "; ".join([assert_near(got[0], ref[0], rtol, "scores"),
-                                  batch_contract(models[name], tokenizer, texts, method, options, device,
-                                                 getattr(torch, name))])
-
-            checks.run(f"encoder {method} {device} {name} ~ float32", half)
+        dtype_checks(checks, f"encoder {method} {device}", method, want,
+                     lambda name, method=method, options=options: explanation_arrays(
+                         normx.explain(models[name], tokenizer, texts, method, **options)),
+                     lambda name, method=method, options=options: batch_contract(
+                         models[name], tokenizer, texts, method, options, device, getattr(torch, name)))
 
 
 # ---- decoder -------------------------------------------------------------------------------------------------------
@@ -201,14 +213,14 @@ def encoder_checks(checks: Checks, device: str) -> None:
 def calibrated_weights(model, folder: Path) -> str:
     """A weights file with every family calibrated_attention knows, random weights."""
     from normx.methods.calibrated import weights as stored
-    from normx.methods.calibrated.readings import SCALAR, shape
+    from normx.methods.calibrated.readings import FAMILIES, SCALAR, shape
     from normx.models import get_adapter
     from normx.models.identity import model_identity
 
     blocks, heads = shape(model, get_adapter(model))
     rng = np.random.default_rng(7)
-    theta = {f: rng.normal(size=(1, 1) if f in SCALAR else (blocks, heads)) for f in CALIBRATED_FAMILIES}
-    record = stored.make_record("calibrated_attention", model_identity(model), CALIBRATED_FAMILIES, theta,
+    theta = {f: rng.normal(size=(1, 1) if f in SCALAR else (blocks, heads)) for f in FAMILIES}
+    record = stored.make_record("calibrated_attention", model_identity(model), FAMILIES, theta,
                                 (blocks, heads), 0.1, "logprob", 0.5, {"contexts": 0})
     return str(stored.write(record, folder / "calibrated.json"))
 
@@ -229,25 +241,10 @@ def decoder_checks(checks: Checks, device: str, folder: Path) -> None:
         except Exception:
             broken_reference(checks, f"decoder {method}")
             continue
-        fp32_result: dict = {}
-
-        def fp32(method=method, kwargs=kwargs, want=want, fp32_result=fp32_result) -> str:
-            got = generation_arrays(normx.explain_generation(models["float32"], tokenizer, PROMPT, method, **kwargs))
-            fp32_result["arrays"] = got
-            rtol = RTOL_BY_METHOD.get(method, RTOL)
-            assert got[2] == want[2], "other token ids"
-            return "; ".join([assert_near(got[0], want[0], rtol, "scores"),
-                              assert_near(got[1], want[1], rtol, "probs")])
-
-        checks.run(f"decoder {method} {device} float32 == cpu float32", fp32)
-        for name, rtol in HALF_RTOL.items():
-            def half(method=method, kwargs=kwargs, name=name, rtol=rtol, fp32_result=fp32_result, want=want) -> str:
-                got = generation_arrays(normx.explain_generation(models[name], tokenizer, PROMPT, method, **kwargs))
-                ref = fp32_result.get("arrays") or want
-                assert next(models[name].parameters()).dtype == getattr(torch, name), "the model changed dtype"
-                return assert_near(got[0], ref[0], rtol, "scores")
-
-            checks.run(f"decoder {method} {device} {name} ~ float32", half)
+        dtype_checks(checks, f"decoder {method} {device}", method, want,
+                     lambda name, method=method, kwargs=kwargs: generation_arrays(
+                         normx.explain_generation(models[name], tokenizer, PROMPT, method, **kwargs)),
+                     lambda name: same_dtype(models[name], name))
 
     def greedy() -> str:
         want = normx.explain_generation(model, tokenizer, PROMPT, "normxlogit", max_new_tokens=6)
