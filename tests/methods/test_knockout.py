@@ -5,11 +5,10 @@ logits are the model's), per family, in threads; a model whose attention takes n
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pytest
 import tiny
+from threads import in_threads
 
 from normx._torch import torch
 from normx.core.handle import model_handle
@@ -127,25 +126,15 @@ def test_threads_sharing_a_model_each_get_their_own_reading():
     handle = model_handle(model)
     alone = knockout.knockout_gradients(handle, ids, length, "test")[0]
     hidden = knockout.hidden_source_outcomes(handle, ids, length, [[1, 2], [5, 6]], "test")[0]
-    results, errors = [], []
 
     def work(i):
-        try:
-            if i % 2:
-                results.append(("g", knockout.knockout_gradients(handle, ids, length, "test")[0]))
-            else:
-                results.append(("h", knockout.hidden_source_outcomes(handle, ids, length, [[1, 2], [5, 6]],
-                                                                     "test")[0]))
-        except Exception as exc:
-            errors.append(exc)
+        if i % 2:
+            return "g", knockout.knockout_gradients(handle, ids, length, "test")[0]
+        return "h", knockout.hidden_source_outcomes(handle, ids, length, [[1, 2], [5, 6]], "test")[0]
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors and len(results) == 4
-    for kind, value in results:
+    results = in_threads(work)
+    assert len(results) == 4
+    for kind, value in results.values():
         torch.testing.assert_close(value, alone if kind == "g" else hidden, rtol=1e-5, atol=1e-6)
 
 

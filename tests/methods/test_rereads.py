@@ -5,11 +5,10 @@ embeddings is refused by name."""
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pytest
 import tiny
+from threads import in_threads
 
 from normx._torch import torch
 from normx.core.handle import model_handle
@@ -69,20 +68,9 @@ def test_threads_sharing_a_model_each_get_their_own_outcomes():
     ids, length = sequence(tok)
     handle = model_handle(model)
     alone = rereads.masked_rereads(handle, ids, length, SOURCES, MASKS, "test", first_row=5)[0]
-    results, errors = {}, []
-
-    def work(i):
-        try:
-            results[i] = rereads.masked_rereads(handle, ids, length, SOURCES, MASKS[i % 3:], "test", first_row=5)[0]
-        except Exception as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors and len(results) == 4
+    results = in_threads(lambda i: rereads.masked_rereads(handle, ids, length, SOURCES, MASKS[i % 3:], "test",
+                                                          first_row=5)[0])
+    assert len(results) == 4
     for i, value in results.items():
         np.testing.assert_allclose(value, alone[i % 3:], rtol=1e-5, atol=1e-6)
 
