@@ -181,7 +181,8 @@ def checked_side(record, where: str) -> dict:
         isinstance(v, (int, float)) and math.isfinite(v) for v in drops), "drops must be one finite number a span")
     seed = record.get("seed")
     need(seed is None or isinstance(seed, int), f"seed {seed!r} is not a whole number")
-    return {"id": record["id"], "seed": seed, "sources": len(spans), "drops": np.asarray(drops, np.float64)}
+    return {"id": record["id"], "seed": seed, "sources": len(spans), "drops": np.asarray(drops, np.float64),
+            "ids": ids, "prompt_length": length, "spans": spans}
 
 
 def read_side(file: Path, repair: bool = False) -> list[dict]:

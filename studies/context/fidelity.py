@@ -46,13 +46,13 @@ def main(argv: list[str] | None = None) -> int:
     from normx.errors import NormxError
     from normx.methods.calibrated.fit import spearman
     from normx.methods.decoder.rereads import masked_rereads
-    from studies.context.explore import study_instances
+    from studies.context.explore import read_side, study_instances
 
     torch.set_num_threads(args.threads)
     try:
         found, _ = study_instances(SimpleNamespace(packed=args.packed, side=args.side, out=None, masks=args.masks),
                                    ["tokens"])
-        sides = {r["id"]: r for f in args.side for r in _raw_side(f)}
+        sides = {r["id"]: r for f in args.side for r in read_side(f)}
     except NormxError as error:
         print(f"fidelity: error: {error}", file=sys.stderr)
         return 2
@@ -81,16 +81,6 @@ def main(argv: list[str] | None = None) -> int:
         show(f"| {mode} ({words}) | {kept:.3f} | {closed:.3f} |")
     show.save()
     return 0
-
-
-def _raw_side(file: Path) -> list[dict]:
-    """The side lines as written (ids, prompt_length, spans), already checked by ``study_instances``."""
-    import gzip
-    import json
-
-    opener = gzip.open if file.suffix == ".gz" else open
-    with opener(file, "rt", encoding="utf-8") as lines:
-        return [json.loads(line) for line in lines if line.strip()]
 
 
 if __name__ == "__main__":
