@@ -77,7 +77,7 @@ def _shift_keys(modules, cache, rotations, shifts: torch.Tensor, method: str) ->
                 f"{shifts.shape[1]} tokens (a sliding-window or compressed cache), so its positions cannot be "
                 "closed up")
         back = (cos[shifts].to(keys.dtype), -sin[shifts].to(keys.dtype))  # [B, first_row, d]: cos(-d), sin(-d)
-        rotated = _rotated(modules[key], keys, keys, back)
+        rotated = _rotated(modules[key], keys[:, :1], keys, back)  # (the queries: one head, unused)
         if isinstance(rotated, str):
             raise UnsupportedModelError(f"{method}: {rotated}")
         layer.keys = rotated[1]
