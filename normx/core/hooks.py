@@ -54,8 +54,10 @@ def hooked(modules: Mapping[str, nn.Module], on_call: OnCall, inputs: Collection
     owner = threading.get_ident()
 
     def make_pre_hook(key: str):
-        def hook(_module, args, kwargs):
-            if threading.get_ident() == owner:
+        def hook(_module, args, kwargs=None):
+            # a pass in another thread that took its hook list while this hook was being added or removed may call
+            # it without kwargs, as (module, args): it is not ours (ours run only between the two)
+            if kwargs is not None and threading.get_ident() == owner:
                 fired.add(key)
                 changed = on_call(key, args, kwargs, None)
                 if changed is not None:  # new keyword inputs for this call

@@ -20,7 +20,7 @@ from leaks import model_state
 
 import normx
 from normx.core.concurrency import ModelLock, model_lock
-from normx.core.hooks import capture
+from normx.core.hooks import capture, hooked
 
 LONG = " ".join(["the film was a gripping story and"] * 12)  # over the tiny models' 64 positions: truncated
 TEXTS = ["paris is large", "the film was a gripping story", "a dull movie, with a predictable plot", LONG]
@@ -126,6 +126,23 @@ def test_hooks_of_one_thread_do_not_see_another_threads_passes():
             model(**enc)
     assert seen == [{}]  # the other thread's pass went through the hooked module but was not captured
     assert set(store) == {"last"}
+
+
+def test_a_pre_hook_called_without_kwargs_is_another_threads_pass():
+    """torch adds a keyword pre-hook to the module's hooks before it marks it as taking keywords (and removes it in
+    the same two steps), so a pass in another thread at that moment calls it as (module, args): it must change
+    nothing and count as no firing, not raise."""
+    model, tokenizer = tiny.build("BertForSequenceClassification", fresh=True)
+    enc = tokenizer(["paris is large"], return_tensors="pt")
+    layer = model.bert.encoder.layer[-1]
+    calls = []
+    with hooked({"last": layer}, lambda *call: calls.append(call), inputs={"last"}):
+        (hook,) = layer._forward_pre_hooks.values()
+        assert hook(layer, (torch.zeros(1, 3, 8),)) is None  # as the racing pass calls it
+        assert calls == []
+        with torch.no_grad():
+            model(**enc)
+    assert len(calls) == 1 and calls[0][0] == "last"
 
 
 def test_model_lock_is_exclusive_and_prefers_writers():
