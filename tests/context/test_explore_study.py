@@ -21,7 +21,7 @@ from normx.core.handle import model_handle
 from normx.data.contexts import context_examples
 from normx.methods.calibrated import training
 from normx.methods.decoder.knockout import hidden_source_outcomes
-from studies.context import explore, fidelity
+from studies.context import explore, fidelity, presence
 
 SHARED = locations.SHARED
 FAMILIES = "attention,norm,logit,tokens,source_knockout"
@@ -108,6 +108,22 @@ def test_collect_keeps_instances_and_drops_and_report_prints_the_table(folder, t
     cells = {line.split(" (")[0][2:]: line.split(" | ")[1:] for line in table.splitlines() if line.startswith("| ")}
     assert cells["all"][1].strip(" |") == "1.000"
     assert all(-1 <= float(v.strip(" |")) <= 1 for row in ("response", "query") for v in cells[row])
+    # studies/context/presence.py on the same packed run: each context's presence features, kept whole and reused
+    # (the rerun names no loadable model), and the family sets' table
+    keep = tmp_path / "presence.npz"
+    args = ["--packed", str(tmp_path / "part.npz"), "--side", str(tmp_path / "side.jsonl.gz"), "--masks", "8",
+            "--keep", str(keep), "--threads", "1"]
+    assert presence.main([*args, "--model", folder]) == 0
+    table = capsys.readouterr().out
+    model, _ = normx.load_model(folder)
+    for record in records:
+        want = training.source_features(model, record["ids"], record["prompt_length"], record["spans"],
+                                        ["presence"])["presence"][:, 0, 0]
+        np.testing.assert_allclose(np.load(keep)[record["id"]], want, rtol=1e-6, atol=1e-9)
+    rows = [line for line in table.splitlines() if line.startswith("| ") and not line.startswith("| families")]
+    assert len(rows) == len(presence.SETS) and all(-1 <= float(r.split(" | ")[1]) <= 1 for r in rows)
+    assert presence.main([*args, "--model", str(tmp_path / "no-model-here")]) == 0
+    assert capsys.readouterr().out.split("\n")[2:] == table.split("\n")[2:]  # (the first line times the run)
 
 
 def test_damaged_side_lines_are_errors_for_report_and_dropped_by_collect(tmp_path, capsys):

@@ -12,7 +12,10 @@ gradient of the response's log-probability with respect to a bias on that attent
 per-source readings s of the source j(i) holding token i (``tokens``: its size; ``source_knockout``: the exact drop
 in log p(y_t) when the response's rows cannot read it; ``query_knockout``: the same when the query's rows after the
 context cannot read it either, within a row budget; ``reread``: its effect in a per-context surrogate of balanced
-re-read ablations, :mod:`~normx.methods.calibrated.surrogate`), so that a source's score (its tokens' entries summed
+re-read ablations, :mod:`~normx.methods.calibrated.surrogate`; ``presence``: the slope of the response's
+log-probability in the source's log-presence with every source half present to the last rows,
+:mod:`normx.methods.decoder.presence`, a whole-response reading whose steps share it evenly, as ``tokens``'s do), so
+that a source's score (its tokens' entries summed
 over the steps) is theta^T F_j, the fitted prediction of the drop in the response's log-probability when the source is
 removed. The weights decide the cost: the per-head attention families one eager forward pass (``logit``: and one
 backward through the final norm and head), the knockout families one pass over the prompt and one forward and
@@ -20,8 +23,9 @@ backward pass over the response's rows, ``source_knockout`` one pass over the pr
 rows per source (batched), ``query_knockout`` one pass over the prompt up to its first hidden row and one over the
 hidden rows per source (at most :data:`~normx.methods.calibrated.readings.QUERY_BUDGET` rows per token in all),
 ``reread`` one pass over the prompt up to its first re-read row and one over the re-read rows per mask (at most
-:data:`~normx.methods.calibrated.readings.REREAD_BUDGET` rows per token in all),
-``tokens`` nothing but the sources. The sources: the ``sources`` option, as the
+:data:`~normx.methods.calibrated.readings.REREAD_BUDGET` rows per token in all), ``presence`` one forward pass and
+its last rows again with a backward pass through them (within :data:`~normx.methods.calibrated.readings.
+PRESENCE_BUDGET` forward passes), ``tokens`` nothing but the sources. The sources: the ``sources`` option, as the
 ablation methods take it (the prompt's sentences by default). The weights: the file ``weights=`` names, else the
 ones stored for the model's fingerprint (:mod:`~normx.methods.calibrated.weights`; the smollm2 preset ships its
 own); none is an error that names ``normx calibrate``.
@@ -41,11 +45,10 @@ from normx.methods.ablation import (
     _spans,
     _supports,
     prompt_sources,
-    source_count,
 )
 from normx.methods.ablation.forwards import outcomes
 from normx.methods.calibrated import weights as stored
-from normx.methods.calibrated.readings import SCALAR, head_readings, shape, source_readings
+from normx.methods.calibrated.readings import PRESENCE_BUDGET, SCALAR, head_readings, shape, source_readings
 from normx.methods.registry import Method, Option, register_method
 from normx.methods.response import ResponseContext, ResponseRows
 
@@ -106,14 +109,14 @@ def calibrated(ctx: ResponseContext) -> ResponseRows:
 register_method(Method(
     NAME, _refuse,
     "Calibrated attention: weights over normx's attention readings from the response's rows (per head: attention, "
-    "norm-weighted, direct-logit, knockout gradients; per source: its size and the exact drop when the response "
-    "(and the query) cannot read it, its effect in a surrogate of re-read ablations), fitted per model by "
-    "`normx calibrate` to the response's log-probability "
-    "under random source removals; one to two forward passes",
+    "norm-weighted, direct-logit, knockout gradients; per source: its size, the exact drop when the response "
+    "(and the query) cannot read it, its effect in a surrogate of re-read ablations, the response's slope in its "
+    "presence with every source half present), fitted per model by `normx calibrate` to the response's "
+    "log-probability under random source removals; one to two forward passes",
     display="Calibrated attention", response=calibrated, response_only=True, label_dependent=True, layered=False,
     predicts=True, exclusive=True, reading="signed", supports=_supports,
     options=[SOURCES_OPTION, BATCH_OPTION, Option("weights", None, "a calibrated weights file (None: the ones stored "
                                                   "for the model's "
                     "fingerprint by `normx calibrate --store`, or shipped with its preset)", str, none=True)],
-    # the shipped weights' cost: one forward pass, and the response's rows once per source (tokens counted as rows)
-    cost=lambda tokens, targets, options: 1 + source_count(tokens, options) * targets / max(tokens, 1)))
+    # the shipped weights' cost (tokens + presence): one forward pass and its last rows again with a backward pass
+    cost=lambda tokens, targets, options: PRESENCE_BUDGET))

@@ -30,7 +30,12 @@ that know the prompt's sources (the ablation methods' ``sources`` option):
 - ``reread``: each source's effect in a small surrogate fitted per context (:mod:`~normx.methods.calibrated.
   surrogate`) to :data:`REREAD_MASKS` balanced re-read ablations (:func:`normx.methods.decoder.rereads.
   masked_rereads`: the removed sources hidden from the last rows, the positions closed up), as many last rows as
-  :data:`REREAD_BUDGET` allows (:func:`reread_first_row`).
+  :data:`REREAD_BUDGET` allows (:func:`reread_first_row`);
+- ``presence``: the gradient of the response's log-probability with respect to the source's log-presence (a bias
+  log p on every attention score to its tokens from the rows after it) at half presence, every source's bias log 1/2
+  in the pass (:func:`normx.methods.decoder.presence.presence_gradients`: the slope of the response at the centre of
+  ContextCite's random masks), taken through as many last rows as :data:`PRESENCE_BUDGET` allows
+  (:func:`presence_first_row`); a reading of the whole response, each step's share an even split.
 
 :func:`head_readings` hands each block's [families, heads, steps, tokens] block to a ``reduce`` callback inside the
 pass (so a pass keeps what ``reduce`` returns, not every block's readings): the calibrated method contracts it with
@@ -53,16 +58,19 @@ from normx.methods.calibrated.surrogate import balanced_masks, ridge_effects
 from normx.methods.decoder.heads import block_attention, check_response, decoder_shape
 from normx.methods.decoder.knockout import hidden_source_outcomes, knockout_gradients
 from normx.methods.decoder.maps import read_blocks
+from normx.methods.decoder.presence import presence_gradients
 from normx.methods.decoder.rereads import masked_rereads
 from normx.methods.response import response_positions
 
 FAMILIES = ("attention", "norm", "logit", "knockout", "knockout_abs", "tokens", "source_knockout", "query_knockout",
-            "reread")
+            "reread", "presence")
 KNOCKOUT = ("knockout", "knockout_abs")  # read by the knockout pass, not the eager one
-SCALAR = ("tokens", "source_knockout", "query_knockout", "reread")  # one number per source: 1 x 1 weight tables
+# one number per source: 1 x 1 weight tables
+SCALAR = ("tokens", "source_knockout", "query_knockout", "reread", "presence")
 QUERY_BUDGET = 1.6  # query_knockout's rows: the cache's plus (sources + 1) x the hidden rows, per token of the sequence
 REREAD_MASKS = 8  # reread's balanced masks (besides keeping everything)
 REREAD_BUDGET = 1.45  # reread's rows: the cache's plus (masks + 1) x the re-read rows, per token of the sequence
+PRESENCE_BUDGET = 1.45  # presence: one forward pass, its last rows again with the bias, a backward through them (x2)
 
 
 def check_families(families: Sequence[str]) -> tuple[str, ...]:
@@ -159,6 +167,15 @@ def reread_first_row(total: int, prompt_length: int, sources: Sequence[Sequence[
     return min(prompt_length - 1, max(start, total - 1 - rows))
 
 
+def presence_first_row(total: int, prompt_length: int, sources: Sequence[Sequence[int]]) -> int:
+    """The first row ``presence`` takes its gradient through: one pass, then the last rows again with the bias and a
+    backward pass through them (about twice a forward's work) within PRESENCE_BUDGET x ``total`` rows, not before the
+    first source's second token, the response's rows at least."""
+    start = min(min(members) for members in sources) + 1
+    rows = int((PRESENCE_BUDGET - 1) * total / 3)
+    return min(prompt_length - 1, max(start, total - 1 - rows))
+
+
 def source_readings(handle, ids: Sequence[int], prompt_length: int, sources: Sequence[Sequence[int]],
                     families: Sequence[str], method: str, batch_size: int = 8
                     ) -> tuple[dict[str, np.ndarray], torch.Tensor | None]:
@@ -184,6 +201,10 @@ def source_readings(handle, ids: Sequence[int], prompt_length: int, sources: Seq
         first_row = reread_first_row(len(ids), prompt_length, sources)
         log_p, logits = masked_rereads(handle, ids, prompt_length, sources, drawn, method, first_row, batch_size)
         out["reread"] = ridge_effects(drawn, log_p)
+    if "presence" in families:
+        first_row = presence_first_row(len(ids), prompt_length, sources)
+        g, logits = presence_gradients(handle, ids, prompt_length, sources, method, first_row)
+        out["presence"] = np.repeat(g[:, None] / steps, steps, axis=1)
     return out, logits
 
 

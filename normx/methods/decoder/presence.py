@@ -1,0 +1,96 @@
+"""Source presence gradients at half presence: how much the response's log-probability leans on each source when
+about half of the context is there, the regime of ContextCite's random masks (each source kept with probability
+1/2) and of the LDS.
+
+A source j's presence p_j enters the attention scores from a row after the source's last token to the source's
+tokens as an additive bias log p_j (at every block and head, added to the mask the model builds; p_j = 1 is the
+model as it is, p_j -> 0 the source hidden from those rows). The model reads the first ``first_row`` tokens as it
+is (its own cache); the last rows, from ``first_row`` to the end, read every source at ``presence`` (1/2 by
+default: each source's attention weights halved against the rest), and the reading is
+
+    g_j = d log P(y_1..y_n | prompt) / d log p_j,
+
+the sum of the gradients with respect to those rows' biases over the rows after the source and the source's tokens.
+The best linear surrogate of a smooth response to masks that keep each source with probability 1/2 has as
+coefficients the response's average slope over the masks; g_j reads the slope at one point near their centre (every
+source half present to the last rows at once), in one pass. With ``first_row`` at the first source's second token
+every row after a source reads it at half presence; later first rows cost less and leave out the earlier rows'
+share.
+
+Cost: one pass over the first ``first_row`` tokens (no gradient: the model's cache), one over the
+``T - 1 - first_row`` last rows on it without bias (the model's own logits for the response, no gradient), one with
+the bias and gradients on, and one backward pass through those rows only. Memory: the cache twice, the last rows'
+activations and one [rows, keys] bias.
+
+Layer 3 (methods): imports ``normx.core``, ``normx.models`` and the decoder heads.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from normx._torch import torch
+from normx.errors import InvalidInputError
+from normx.methods.decoder.knockout import _prompt_cache, _rows_forward, _setup
+
+HALF = 0.5
+
+
+def _presence_bias(sources: Sequence[Sequence[int]], rows: np.ndarray, keys: int, value: float, dtype, device
+                   ) -> torch.Tensor:
+    """[1, 1, rows, keys]: ``value`` where a row comes after a source's last token and the key is one of that
+    source's tokens, 0 elsewhere."""
+    bias = torch.zeros(1, 1, len(rows), keys, dtype=dtype, device=device)
+    for members in sources:
+        after = torch.as_tensor(rows > max(members), device=device)
+        if after.any():
+            bias[0, 0, after.nonzero()[:, 0][:, None], torch.as_tensor(list(members), device=device)[None]] = value
+    return bias
+
+
+def presence_gradients(handle, ids: Sequence[int], prompt_length: int, sources: Sequence[Sequence[int]],
+                       method: str, first_row: int | None = None, presence: float = HALF
+                       ) -> tuple[np.ndarray, torch.Tensor]:
+    """``(g [sources] float64, logits [n, V] float32)``: each source's presence gradient (see the module's
+    docstring) with the gradient taken through the rows from ``first_row`` (default: the response's first row
+    ``prompt_length - 1``) to the end, and the model's own logits predicting the response (unbiased). ``handle``:
+    :func:`normx.core.handle.model_handle`'s."""
+    model, modules, keywords, _, tensor = _setup(handle, ids, prompt_length, method)
+    total = tensor.shape[1]
+    n, keys = total - prompt_length, total - 1
+    first_row = prompt_length - 1 if first_row is None else int(first_row)
+    if not 0 < first_row <= prompt_length - 1:
+        raise InvalidInputError(f"{method}: the first row the gradient is taken through must be after the first "
+                                f"token and at most the response's first row {prompt_length - 1}; got {first_row}")
+    if not (isinstance(presence, (int, float)) and 0 < presence <= 1):
+        raise InvalidInputError(f"{method}: presence must be in (0, 1], got {presence!r}")
+    members = [sorted({int(i) for i in m}) for m in sources]
+    for row, m in enumerate(members):
+        if not m or any(not 0 <= i < prompt_length for i in m):
+            raise InvalidInputError(f"{method}: source {row} is empty or holds tokens outside the prompt's "
+                                    f"{prompt_length}")
+    dtype = next(model.parameters()).dtype
+    rows = np.arange(first_row, keys)
+    head = {"logits_to_keep": n} if keywords[1] else {}
+    with handle.using():
+        cache = _prompt_cache(model, tensor, first_row, keywords, method)
+        with torch.no_grad():  # the model's own logits for the response: the last rows on a copy of the cache
+            plain = model(input_ids=tensor[:, first_row:keys], use_cache=True,
+                          **{keywords[0]: copy.deepcopy(cache)}, **head).logits[0, -n:].float()
+        leaf = _presence_bias(members, rows, keys, math.log(presence), dtype, tensor.device).requires_grad_(True)
+        with torch.enable_grad():
+            out = _rows_forward(model, modules, tensor, first_row, n, keywords, cache, lambda _key: leaf, method)
+            scores = out.logits[0, -n:]  # (in float32 at least)
+            scores = torch.log_softmax(scores.to(torch.promote_types(scores.dtype, torch.float32)), -1)
+            chosen = scores.gather(1, tensor[0, prompt_length:, None]).sum()
+            (grad,) = torch.autograd.grad(chosen, leaf)
+    grad = grad[0, 0].double()
+    g = np.zeros(len(members))
+    for j, m in enumerate(members):
+        after = torch.as_tensor(rows > m[-1], device=grad.device)
+        g[j] = float(grad[after][:, m].sum()) if after.any() else 0.0
+    return g, plain

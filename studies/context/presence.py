@@ -1,0 +1,111 @@
+"""The ``presence`` family on many training contexts (#46): for the contexts an earlier ``studies.context.explore
+collect`` kept (features, the real outcomes under 32 masks, and the side lines' ids, spans and ``q0`` drops), each
+source's presence gradient (:func:`normx.methods.calibrated.training.source_features` with ``presence``: the slope
+of the response's log-probability in the source's log-presence, every source half present to the last rows, within
+the family's row budget), then the per-source family sets cross-validated as ``explore report`` does (ridge,
+centred, log-probability scaling, 5 contiguous folds over contexts; the best lambda of a few per set), all contexts
+and per kind. The presence features are kept in ``--keep`` (one .npz, written whole and reused). Deterministic::
+
+    OMP_NUM_THREADS=2 python -m studies.context.presence --packed gpu_train_0.npz gpu_train_1.npz \\
+        --side gpu_side.jsonl.gz --keep FILE.npz --out FILE
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+
+from studies.settings import Printed, add_out_option
+
+SETS = (("tokens",), ("presence",), ("tokens", "source_knockout"), ("tokens", "q0"), ("tokens", "presence"),
+        ("tokens", "source_knockout", "presence"), ("tokens", "q0", "presence"))
+LAMBDAS = (0.01, 0.1, 1.0, 10.0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m studies.context.presence", description=__doc__.split("\n\n")[0])
+    add_out_option(parser)
+    parser.add_argument("--packed", type=Path, nargs="+", required=True, help="explore's packed instances (.npz)")
+    parser.add_argument("--side", type=Path, nargs="+", required=True, help="their side lines (.jsonl or .jsonl.gz)")
+    parser.add_argument("--keep", type=Path, required=True, help="the presence features (.npz), reused by a rerun")
+    parser.add_argument("--count", type=int, default=0, help="the first COUNT contexts in seed order (0: all)")
+    parser.add_argument("--masks", type=int, default=32)
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args(argv)
+
+    import torch
+    from tqdm.auto import tqdm
+
+    import normx
+    from normx.errors import NormxError
+    from normx.methods.calibrated import training
+    from normx.methods.calibrated.fit import left_out_lds
+    from studies.context.explore import read_side, study_instances
+
+    torch.set_num_threads(args.threads)
+    try:
+        found, _ = study_instances(SimpleNamespace(packed=args.packed, side=args.side, out=None, masks=args.masks),
+                                   ["tokens", "source_knockout"])
+        sides = {r["id"]: r for f in args.side for r in read_side(f)}
+    except NormxError as error:
+        print(f"presence: error: {error}", file=sys.stderr)
+        return 2
+    found = found[:args.count] if args.count else found
+    kept = dict(np.load(args.keep)) if args.keep.is_file() else {}
+    model = None
+    began = time.perf_counter()
+    for inst in tqdm(found, desc="presence"):
+        if inst.id not in kept:
+            if model is None:
+                model, _ = normx.load_model(args.model)
+            record = sides[inst.id]
+            kept[inst.id] = training.source_features(model, record["ids"], record["prompt_length"], record["spans"],
+                                                     ["presence"])["presence"][:, 0, 0]
+            if len(kept) % 50 == 0:
+                _write(kept, args.keep)
+    _write(kept, args.keep)
+    seconds = time.perf_counter() - began
+    for inst in found:
+        if kept[inst.id].shape != (inst.masks.shape[1],):
+            print(f"presence: error: {args.keep} holds {kept[inst.id].shape} for {inst.id}", file=sys.stderr)
+            return 2
+        inst.features["presence"] = kept[inst.id][:, None, None].astype(np.float64)
+    kinds = np.array([inst.id.split("-")[0] for inst in found])
+    show = Printed(args.out)
+    show(f"{len(found)} contexts ({', '.join(f'{k} {int((kinds == k).sum())}' for k in sorted(set(kinds)))}), "
+         f"{args.masks} masks each; 5-fold cross-validated LDS, the best lambda of {LAMBDAS} ({seconds:.0f} s)")
+    show()
+    show("| families | all | " + " | ".join(sorted(set(kinds))) + " | lambda |")
+    show("|---|---|" + "---|" * len(set(kinds)) + "---|")
+    for families in SETS:
+        scores = {lam: left_out_lds(found, families, lam, "logprob") for lam in LAMBDAS}
+        lam = max(LAMBDAS, key=lambda value: (scores[value].mean(), value))
+        by_kind = " | ".join(f"{scores[lam][kinds == k].mean():.3f}" for k in sorted(set(kinds)))
+        show(f"| {' + '.join(families)} | {scores[lam].mean():.3f} | {by_kind} | {lam:g} |")
+    show.save()
+    return 0
+
+
+def _write(kept: dict[str, np.ndarray], path: Path) -> None:
+    """The features file, written whole through a temporary file and a rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, suffix=".npz")
+    try:
+        with os.fdopen(handle, "wb") as out:
+            np.savez(out, **kept)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

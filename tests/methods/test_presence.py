@@ -1,0 +1,139 @@
+"""Presence gradients (normx.methods.decoder.presence): the derivative of the response's log-probability in each
+source's log-presence, against autograd through one whole-sequence pass with the bias added to every block's mask
+(float64) and a finite difference; at full presence their sum over sources is the knockout gradients' sum over the
+sources' tokens (another reading, per family); the logits are the model's own; threads; bad input; the calibrated
+family built on it."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import tiny
+from threads import in_threads
+
+from normx._torch import torch
+from normx.core.handle import model_handle
+from normx.errors import InvalidInputError
+from normx.methods.calibrated import readings
+from normx.methods.decoder.knockout import knockout_gradients
+from normx.methods.decoder.presence import presence_gradients
+
+TEXT = "the film was good. a dull plot! it was long and the end was sad"
+SOURCES = [[1, 2, 3], [4, 5, 6, 7], [8, 9], [10, 11, 12]]
+
+
+def sequence(tok, response=(17, 23, 5, 9)):
+    ids = list(tok(TEXT)["input_ids"]) + list(response)
+    return ids, len(ids) - len(response)
+
+
+def whole_pass(model, ids, length, first_row, log_presence):
+    """The response's log-probability from one forward pass over the whole sequence, every block's mask plus
+    log_presence[j] where a row at or after ``first_row`` comes after source j and the key is one of its tokens."""
+    total = len(ids)
+    bias = torch.zeros(total, total, dtype=torch.float64)
+    for j, members in enumerate(SOURCES):
+        for row in range(max(first_row, max(members) + 1), total):
+            bias[row, members] = bias[row, members] + log_presence[j]
+
+    def add(_module, args, kwargs):
+        mask = kwargs["attention_mask"]
+        if mask is None:  # sdpa's causal flag alone: the same rule as a mask
+            mask = torch.ones(total, total, dtype=torch.bool).tril()[None, None]
+        if mask.dtype == torch.bool:
+            mask = torch.where(mask, torch.zeros((), dtype=torch.float64), torch.finfo(torch.float64).min)
+        kwargs["attention_mask"] = mask + bias
+        return args, kwargs
+
+    hooks = [layer.self_attn.register_forward_pre_hook(add, with_kwargs=True) for layer in model.model.layers]
+    try:
+        tensor = torch.tensor([ids])
+        logits = model(input_ids=tensor).logits[0, length - 1:-1].double()
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return torch.log_softmax(logits, -1).gather(1, tensor[0, length:, None]).sum()
+
+
+@pytest.fixture(scope="module")
+def llama64():
+    model, tok = tiny.build("LlamaForCausalLM", fresh=True)
+    return model.double(), tok
+
+
+@pytest.mark.parametrize("where", ["every row", "the middle", "the response"])
+def test_the_reading_is_the_derivative_in_the_log_presences(llama64, where):
+    model, tok = llama64
+    ids, length = sequence(tok)
+    first_row = {"every row": 1, "the middle": 8, "the response": length - 1}[where]
+    g, logits = presence_gradients(model_handle(model), ids, length, SOURCES, "test", first_row)
+    beta = torch.full((len(SOURCES),), math.log(0.5), dtype=torch.float64, requires_grad=True)
+    (want,) = torch.autograd.grad(whole_pass(model, ids, length, first_row, beta), beta)
+    np.testing.assert_allclose(g, want.numpy(), rtol=1e-8, atol=1e-10)
+    # and a central difference in one source's presence (a wide step: the model's norms compute in float32)
+    step = torch.zeros(len(SOURCES), dtype=torch.float64)
+    step[1] = 1e-2
+    with torch.no_grad():
+        up, down = (whole_pass(model, ids, length, first_row, beta.detach() + sign * step).item() for sign in (1, -1))
+    assert g[1] == pytest.approx((up - down) / 2e-2, rel=1e-3, abs=1e-6)
+    assert np.abs(g).max() > 1e-6  # not all zero
+    with torch.no_grad():
+        plain = model(input_ids=torch.tensor([ids])).logits[0, length - 1:-1].float()
+    torch.testing.assert_close(logits, plain, rtol=1e-6, atol=1e-6)  # the model's own logits, unbiased
+
+
+@pytest.mark.parametrize(("model_type", "name"), [
+    ("llama", "LlamaForCausalLM"), ("qwen2", "Qwen2ForCausalLM"), ("gpt2", "GPT2LMHeadModel"),
+    ("gemma3_text", "Gemma3ForCausalLM"), ("gpt_neox", "GPTNeoXForCausalLM"),
+])
+def test_at_full_presence_their_sum_is_the_knockout_gradients_over_the_sources(model_type, name):
+    import architectures
+
+    model = architectures.build(model_type, name, "causal_lm").double()
+    ids, length = [int(i) for i in range(20, 40)], 16
+    handle = model_handle(model)
+    g, _ = presence_gradients(handle, ids, length, SOURCES, "test", presence=1.0)
+    grads, _ = knockout_gradients(handle, ids, length, "test")  # [L, H, n, T - 1] float32, the response's rows
+    want = [float(grads[..., members].sum()) for members in SOURCES]
+    np.testing.assert_allclose(g, want, rtol=1e-5, atol=1e-8)
+    assert np.abs(g).max() > 1e-6
+
+
+def test_threads_sharing_a_model_each_get_their_own_reading():
+    model, tok = tiny.build("LlamaForCausalLM")
+    ids, length = sequence(tok)
+    handle = model_handle(model)
+    alone = [presence_gradients(handle, ids, length, SOURCES[i % 3:], "test", 5)[0] for i in range(3)]
+    results = in_threads(lambda i: presence_gradients(handle, ids, length, SOURCES[i % 3:], "test", 5)[0], 6)
+    for i, got in results.items():
+        np.testing.assert_allclose(got, alone[i % 3], rtol=1e-5, atol=1e-7)
+
+
+def test_bad_input_says_what_was_given():
+    model, tok = tiny.build("LlamaForCausalLM")
+    ids, length = sequence(tok)
+    handle = model_handle(model)
+    with pytest.raises(InvalidInputError, match="presence must be in"):
+        presence_gradients(handle, ids, length, SOURCES, "test", presence=0.0)
+    with pytest.raises(InvalidInputError, match="presence must be in"):
+        presence_gradients(handle, ids, length, SOURCES, "test", presence=1.5)
+    with pytest.raises(InvalidInputError, match=f"at most the response's first row {length - 1}; got {length}"):
+        presence_gradients(handle, ids, length, SOURCES, "test", length)
+    with pytest.raises(InvalidInputError, match="source 1 is empty"):
+        presence_gradients(handle, ids, length, [[1, 2], []], "test")
+
+
+def test_the_presence_family_is_the_gradient_spread_evenly_over_the_steps():
+    model, tok = tiny.build("LlamaForCausalLM")
+    ids, length = sequence(tok)
+    handle = model_handle(model)
+    values, logits = readings.source_readings(handle, ids, length, SOURCES, ["presence"], "test")
+    first_row = readings.presence_first_row(len(ids), length, SOURCES)
+    assert 2 <= first_row <= length - 1
+    g, want_logits = presence_gradients(handle, ids, length, SOURCES, "test", first_row)
+    steps = len(ids) - length
+    assert values["presence"].shape == (len(SOURCES), steps)
+    np.testing.assert_allclose(values["presence"], np.repeat(g[:, None] / steps, steps, 1), rtol=1e-6, atol=1e-9)
+    torch.testing.assert_close(logits, want_logits)
