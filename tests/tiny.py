@@ -12,6 +12,7 @@ up far above the test tolerances.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from functools import cache
 
@@ -311,6 +312,7 @@ def chat_qwen2_folder(path) -> str:
     """A tiny Qwen2 causal LM with a chat template, taking prompts of a few hundred tokens, saved in ``path`` (a
     model folder a CLI or a study loads by path)."""
     model, tokenizer = build("Qwen2ForCausalLM", fresh=True)
+    tokenizer = copy.deepcopy(tokenizer)  # the tokenizers are shared: the template and length stay on this copy
     model.config.max_position_embeddings = 4096
     tokenizer.model_max_length = 4096
     tokenizer.chat_template = ("{% for m in messages %}<s>{{ m['role'] }}\n{{ m['content'] }}</s>\n{% endfor %}"
