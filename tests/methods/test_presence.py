@@ -137,3 +137,15 @@ def test_the_presence_family_is_the_gradient_spread_evenly_over_the_steps():
     assert values["presence"].shape == (len(SOURCES), steps)
     np.testing.assert_allclose(values["presence"], np.repeat(g[:, None] / steps, steps, 1), rtol=1e-6, atol=1e-9)
     torch.testing.assert_close(logits, want_logits)
+
+
+def test_the_family_reads_a_share_of_the_rows_and_at_most_a_fixed_number():
+    """Within the budget a share of the sequence (the query's rows on a ~300-token prompt); on a long prompt no more
+    than PRESENCE_MAX_ROWS, so the backward's memory stays linear in the prompt; never before the first source's
+    second token nor after the response's first row."""
+    sources = [[5, 6, 7], [8, 9]]
+    share = int((readings.PRESENCE_BUDGET - 1) * 337 / 3)
+    assert readings.presence_first_row(337, 329, sources) == 337 - 1 - share
+    assert readings.presence_first_row(10_000, 9_990, sources) == 10_000 - 1 - readings.PRESENCE_MAX_ROWS
+    assert readings.presence_first_row(100, 95, [[90, 91], [92]]) == 91  # the first source's second token
+    assert readings.presence_first_row(337, 300, [[320, 321]]) == 299  # the response's first row at the latest

@@ -71,6 +71,7 @@ QUERY_BUDGET = 1.6  # query_knockout's rows: the cache's plus (sources + 1) x th
 REREAD_MASKS = 8  # reread's balanced masks (besides keeping everything)
 REREAD_BUDGET = 1.45  # reread's rows: the cache's plus (masks + 1) x the re-read rows, per token of the sequence
 PRESENCE_BUDGET = 1.45  # presence: one forward pass, its last rows again with the bias, a backward through them (x2)
+PRESENCE_MAX_ROWS = 256  # presence's rows at most: on long prompts its memory stays linear in the keys
 
 
 def check_families(families: Sequence[str]) -> tuple[str, ...]:
@@ -169,10 +170,12 @@ def reread_first_row(total: int, prompt_length: int, sources: Sequence[Sequence[
 
 def presence_first_row(total: int, prompt_length: int, sources: Sequence[Sequence[int]]) -> int:
     """The first row ``presence`` takes its gradient through: one pass, then the last rows again with the bias and a
-    backward pass through them (about twice a forward's work) within PRESENCE_BUDGET x ``total`` rows, not before the
-    first source's second token, the response's rows at least."""
+    backward pass through them (about twice a forward's work) within PRESENCE_BUDGET x ``total`` rows and at most
+    PRESENCE_MAX_ROWS of them (the backward keeps each block's attention of those rows over every key: a fixed
+    number of rows keeps that linear in the prompt), not before the first source's second token, the response's rows
+    at least."""
     start = min(min(members) for members in sources) + 1
-    rows = int((PRESENCE_BUDGET - 1) * total / 3)
+    rows = min(int((PRESENCE_BUDGET - 1) * total / 3), PRESENCE_MAX_ROWS)
     return min(prompt_length - 1, max(start, total - 1 - rows))
 
 
