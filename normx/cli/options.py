@@ -43,6 +43,8 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
                              "file is a causal LM unless told otherwise)")
     parser.add_argument("--gguf-file", default=None, help="load this GGUF file inside the model folder (a .gguf path "
                         "or a folder holding one .gguf also works as --model)")
+    parser.add_argument("--device", default=None, help="run the model on this torch device (cpu, cuda, cuda:1, mps; "
+                        "default: where it loads, the CPU)")
 
 
 def load(args: argparse.Namespace):
@@ -51,7 +53,27 @@ def load(args: argparse.Namespace):
     from normx.zoo.loading import load_model
 
     kwargs = {name: value for name in ("task", "gguf_file") if (value := getattr(args, name, None))}
+    device = getattr(args, "device", None)
+    if device is not None:
+        kwargs["device"] = _device(device)
     return load_model(args.model, notify=lambda message: print(f"normx: {message}", file=sys.stderr), **kwargs)
+
+
+def _device(name: str):
+    """``--device``'s torch device, checked before the model loads."""
+    from normx._torch import torch
+
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise InvalidInputError(f"--device {name!r} is not a torch device; use cpu, cuda, cuda:N or mps") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise InvalidInputError(f"--device {name!r}: torch sees no CUDA device here")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise InvalidInputError(f"--device {name!r}: torch sees {torch.cuda.device_count()} CUDA devices")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise InvalidInputError(f"--device {name!r}: torch sees no MPS device here")
+    return device
 
 
 def add_output_flags(parser: argparse.ArgumentParser, json_help: str, what: str) -> None:

@@ -65,6 +65,20 @@ def test_bad_arguments_are_one_error_line(folder, capsys):
     assert "no chat template" in capsys.readouterr().err
 
 
+def test_device_puts_the_model_there_and_a_bad_one_is_one_error_line(folder, capsys):
+    path, _ = folder
+    common = ["generate", "--model", path, "--json", "--continuation", " was a", "the film"]
+    assert main([*common, "--device", "cpu"]) == 0
+    with_device = json.loads(capsys.readouterr().out)
+    assert main(common) == 0
+    assert json.loads(capsys.readouterr().out)["scores"] == with_device["scores"]
+    assert main([*common, "--device", "gpu7"]) == 2
+    assert "--device 'gpu7' is not a torch device; use cpu, cuda, cuda:N or mps" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        assert main([*common, "--device", "cuda"]) == 2
+        assert "torch sees no CUDA device here" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("method", ["decompx", "alti_logit"])
 def test_decoder_decomposition_methods_from_the_command_line(folder, capsys, method):
     """``--method decompx``: each step's row is its tokens' shares of the generated token's logit, which with the
