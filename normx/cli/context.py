@@ -71,4 +71,6 @@ def _command(args, kinds, methods) -> str:
     parts = ["normx evaluate context", f"--model {args.model}", "--data DATA", f"--kinds {','.join(kinds)}",
              f"--length {args.length}", f"--split {args.split}", f"--limit {args.limit}", f"--seed {args.seed}",
              f"--methods {','.join(methods)}", f"--masks {args.masks}", f"--max-new-tokens {args.max_new_tokens}"]
+    if getattr(args, "device", None):
+        parts.append(f"--device {args.device}")
     return " ".join([*parts, f"--out {args.out}"])

@@ -133,6 +133,9 @@ def test_the_command_end_to_end_and_again_from_its_records(folder, tmp_path, cap
     assert main(argv) == 0  # again: every context read from its record, nothing appended
     assert (out / "contexts.jsonl").read_text().splitlines() == lines
     assert json.loads((out / "report.json").read_text())["summary"] == report["summary"]
+    assert "--device" not in report["settings"]["command"]
+    assert main([*argv, "--device", "cpu"]) == 0  # the device the model ran on is part of the command
+    assert json.loads((out / "report.json").read_text())["settings"]["command"].endswith(f"--device cpu --out {out}")
     capsys.readouterr()
     assert main([*argv, "--methods", "nosuch"]) == 2  # the last --methods counts
     assert "nosuch" in capsys.readouterr().err
