@@ -37,7 +37,7 @@ def output_folder(path: str) -> Path:
 
 
 def add_model_flags(parser: argparse.ArgumentParser) -> None:
-    """The loading flags every command that loads a model takes: ``--task`` and ``--gguf-file``."""
+    """The loading flags every command that loads a model takes: ``--task``, ``--gguf-file`` and ``--device``."""
     parser.add_argument("--task", default=None, choices=sorted(TASKS),
                         help="the head to load the model with, when its config names none normx supports (a GGUF "
                              "file is a causal LM unless told otherwise)")
