@@ -149,3 +149,13 @@ def test_the_family_reads_a_share_of_the_rows_and_at_most_a_fixed_number():
     assert readings.presence_first_row(10_000, 9_990, sources) == 10_000 - 1 - readings.PRESENCE_MAX_ROWS
     assert readings.presence_first_row(100, 95, [[90, 91], [92]]) == 91  # the first source's second token
     assert readings.presence_first_row(337, 300, [[320, 321]]) == 299  # the response's first row at the latest
+
+
+def test_a_one_token_response_runs_where_sdpa_builds_no_mask_for_one_row(llama64):
+    model, tok = llama64
+    ids, length = sequence(tok, response=(17,))
+    handle = model_handle(model)
+    g, logits = presence_gradients(handle, ids, length, SOURCES, "test", presence=1.0)
+    grads, _ = knockout_gradients(handle, ids, length, "test")
+    np.testing.assert_allclose(g, [float(grads[..., m].sum()) for m in SOURCES], rtol=1e-5, atol=1e-8)
+    assert logits.shape == (1, model.config.vocab_size)
