@@ -154,18 +154,14 @@ def query_first_row(total: int, prompt_length: int, sources: Sequence[Sequence[i
     re-read rows that come after it (:func:`~normx.methods.decoder.knockout.hidden_source_outcomes`): a context's
     sources from the whole query when the budget reaches back to the context, a query's own sentences from what
     follows them."""
-    start = min(min(members) for members in sources) + 1
-    rows = int(((QUERY_BUDGET - 1) * total + 1) / len(sources))
-    return min(prompt_length - 1, max(start, total - 1 - rows))
+    return _last_rows(total, prompt_length, sources, int(((QUERY_BUDGET - 1) * total + 1) / len(sources)))
 
 
 def reread_first_row(total: int, prompt_length: int, sources: Sequence[Sequence[int]],
                      masks: int = REREAD_MASKS) -> int:
     """The first row ``reread`` re-reads: the cache's rows plus (masks + 1) x the re-read rows within
     REREAD_BUDGET x ``total``, not before the first source's second token, the response's rows at least."""
-    start = min(min(members) for members in sources) + 1
-    rows = int(((REREAD_BUDGET - 1) * total + 1) / masks)
-    return min(prompt_length - 1, max(start, total - 1 - rows))
+    return _last_rows(total, prompt_length, sources, int(((REREAD_BUDGET - 1) * total + 1) / masks))
 
 
 def presence_first_row(total: int, prompt_length: int, sources: Sequence[Sequence[int]]) -> int:
@@ -174,8 +170,13 @@ def presence_first_row(total: int, prompt_length: int, sources: Sequence[Sequenc
     PRESENCE_MAX_ROWS of them (the backward keeps each block's attention of those rows over every key: a fixed
     number of rows keeps that linear in the prompt), not before the first source's second token, the response's rows
     at least."""
+    return _last_rows(total, prompt_length, sources, min(int((PRESENCE_BUDGET - 1) * total / 3), PRESENCE_MAX_ROWS))
+
+
+def _last_rows(total: int, prompt_length: int, sources: Sequence[Sequence[int]], rows: int) -> int:
+    """The first of the last ``rows`` rows (T - 1 - rows), not before the first source's second token and not after
+    the response's first row ``prompt_length - 1``."""
     start = min(min(members) for members in sources) + 1
-    rows = min(int((PRESENCE_BUDGET - 1) * total / 3), PRESENCE_MAX_ROWS)
     return min(prompt_length - 1, max(start, total - 1 - rows))
 
 

@@ -104,12 +104,28 @@ def _biased(model, modules, bias_of, rows: int, keys: int, method: str):
     return change_inputs(modules, add_bias)
 
 
+def _check_rows(sources: Sequence[Sequence[int]], prompt_length: int, first_row: int, method: str, what: str
+                ) -> None:
+    """Every source non-empty and inside the prompt; ``first_row`` (``what`` names it) after the first token and at
+    most the response's first row."""
+    for row, members in enumerate(sources):
+        if not members or any(not 0 <= i < prompt_length for i in members):
+            raise InvalidInputError(f"{method}: source {row} is empty or holds tokens outside the prompt's "
+                                    f"{prompt_length}")
+    if not 0 < first_row <= prompt_length - 1:
+        raise InvalidInputError(f"{method}: {what} must be after the first token and at most the response's first row "
+                                f"{prompt_length - 1}; got {first_row}")
+
+
 def _rows_forward(model, modules, tensor, first_row: int, keep: int, keywords: tuple[str, dict], cache, bias_of,
                  method: str):
     """The model's output over the rows at positions first_row .. T - 2 on ``cache`` (of the first ``first_row``
-    tokens), its logits at the last ``keep`` rows (the head on those only, where the forward can)."""
+    tokens), its logits at the last ``keep`` rows (the head on those only, where the forward can); ``bias_of=None``:
+    the model's own pass, nothing added to its mask."""
     total = tensor.shape[1]
     head = {"logits_to_keep": keep} if keywords[1] else {}
+    if bias_of is None:
+        return model(input_ids=tensor[:, first_row:total - 1], use_cache=True, **{keywords[0]: cache}, **head)
     try:
         with _biased(model, modules, bias_of, total - 1 - first_row, total - 1, method):
             return model(input_ids=tensor[:, first_row:total - 1], use_cache=True, **{keywords[0]: cache}, **head)
@@ -134,13 +150,7 @@ def hidden_source_outcomes(handle, ids: Sequence[int], prompt_length: int, sourc
     total = tensor.shape[1]
     first_row = prompt_length - 1 if first_row is None else int(first_row)
     n, keys = total - prompt_length, total - 1
-    for row, members in enumerate(sources):
-        if not members or any(not 0 <= i < prompt_length for i in members):
-            raise InvalidInputError(f"{method}: source {row} is empty or holds tokens outside the prompt's "
-                                    f"{prompt_length}")
-    if not 0 < first_row <= prompt_length - 1:
-        raise InvalidInputError(f"{method}: the first row that cannot read the sources must be after the first token "
-                                f"and at most the response's first row {prompt_length - 1}; got {first_row}")
+    _check_rows(sources, prompt_length, first_row, method, "the first row that cannot read the sources")
     dtype = next(model.parameters()).dtype
     hide = torch.zeros(1 + len(sources), 1, total - 1 - first_row, keys, dtype=dtype, device=tensor.device)
     for row, members in enumerate(sources, start=1):  # from the rows after the source (the response's always)

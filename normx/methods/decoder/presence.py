@@ -35,7 +35,7 @@ import numpy as np
 
 from normx._torch import torch
 from normx.errors import InvalidInputError
-from normx.methods.decoder.knockout import _prompt_cache, _rows_forward, _setup
+from normx.methods.decoder.knockout import _check_rows, _prompt_cache, _rows_forward, _setup
 
 HALF = 0.5
 
@@ -63,24 +63,17 @@ def presence_gradients(handle, ids: Sequence[int], prompt_length: int, sources: 
     total = tensor.shape[1]
     n, keys = total - prompt_length, total - 1
     first_row = prompt_length - 1 if first_row is None else int(first_row)
-    if not 0 < first_row <= prompt_length - 1:
-        raise InvalidInputError(f"{method}: the first row the gradient is taken through must be after the first "
-                                f"token and at most the response's first row {prompt_length - 1}; got {first_row}")
+    members = [sorted({int(i) for i in m}) for m in sources]
+    _check_rows(members, prompt_length, first_row, method, "the first row the gradient is taken through")
     if not (isinstance(presence, (int, float)) and 0 < presence <= 1):
         raise InvalidInputError(f"{method}: presence must be in (0, 1], got {presence!r}")
-    members = [sorted({int(i) for i in m}) for m in sources]
-    for row, m in enumerate(members):
-        if not m or any(not 0 <= i < prompt_length for i in m):
-            raise InvalidInputError(f"{method}: source {row} is empty or holds tokens outside the prompt's "
-                                    f"{prompt_length}")
     dtype = next(model.parameters()).dtype
     rows = np.arange(first_row, keys)
-    head = {"logits_to_keep": n} if keywords[1] else {}
     with handle.using():
         cache = _prompt_cache(model, tensor, first_row, keywords, method)
         with torch.no_grad():  # the model's own logits for the response: the last rows on a copy of the cache
-            plain = model(input_ids=tensor[:, first_row:keys], use_cache=True,
-                          **{keywords[0]: copy.deepcopy(cache)}, **head).logits[0, -n:].float()
+            plain = _rows_forward(model, modules, tensor, first_row, n, keywords, copy.deepcopy(cache), None,
+                                  method).logits[0, -n:].float()
         leaf = _presence_bias(members, rows, keys, math.log(presence), dtype, tensor.device).requires_grad_(True)
         with torch.enable_grad():
             out = _rows_forward(model, modules, tensor, first_row, n, keywords, cache, lambda _key: leaf, method)

@@ -37,7 +37,7 @@ import numpy as np
 from normx._torch import torch
 from normx.core.hooks import record_calls
 from normx.errors import InvalidInputError, UnsupportedModelError
-from normx.methods.decoder.knockout import _biased, _setup
+from normx.methods.decoder.knockout import _biased, _check_rows, _setup
 from normx.models.attention_scores import _rotated
 
 
@@ -96,13 +96,7 @@ def masked_rereads(handle, ids: Sequence[int], prompt_length: int, sources: Sequ
     masks = np.asarray(masks, bool)
     if masks.ndim != 2 or masks.shape[1] != len(sources) or not len(masks):
         raise InvalidInputError(f"{method}: masks must be [masks, {len(sources)} sources], got {masks.shape}")
-    if not 0 < first_row <= prompt_length - 1:
-        raise InvalidInputError(f"{method}: the first re-read row must be after the first token and at most the "
-                                f"response's first row {prompt_length - 1}; got {first_row}")
-    for row, members in enumerate(sources):
-        if not members or any(not 0 <= i < prompt_length for i in members):
-            raise InvalidInputError(f"{method}: source {row} is empty or holds tokens outside the prompt's "
-                                    f"{prompt_length}")
+    _check_rows(sources, prompt_length, first_row, method, "the first re-read row")
     dtype = next(model.parameters()).dtype
     removed = np.zeros((len(masks), keys), bool)
     for j, members in enumerate(sources):
