@@ -14,10 +14,12 @@ import tiny
 import normx
 from normx._torch import torch
 from normx.cli.main import main
+from normx.core.handle import model_handle
 from normx.errors import InvalidInputError, ModelLoadError
 from normx.methods.calibrated import fit, training
 from normx.methods.calibrated import weights as stored
-from normx.methods.calibrated.readings import QUERY_BUDGET, SCALAR, query_first_row, shape
+from normx.methods.calibrated.readings import QUERY_BUDGET, SCALAR, presence_first_row, query_first_row, shape
+from normx.methods.decoder.presence import presence_gradients
 from normx.models import get_adapter
 from normx.models.identity import model_identity
 
@@ -150,7 +152,7 @@ def test_the_method_is_weighted_attention_from_the_predicting_positions(llama):
 
 @pytest.mark.parametrize("families", [("attention", "norm", "logit"), ("knockout", "knockout_abs"), ("tokens",),
                                       ("tokens", "source_knockout"), ("norm", "knockout", "source_knockout"),
-                                      ("tokens", "query_knockout")])
+                                      ("tokens", "query_knockout"), ("tokens", "presence")])
 def test_every_family_sums_to_theta_times_the_training_features(llama, tmp_path, families):
     model, tok = llama
     blocks, heads = shape(model, get_adapter(model))
@@ -168,6 +170,34 @@ def test_every_family_sums_to_theta_times_the_training_features(llama, tmp_path,
     features = training.source_features(model, ids, length, spans, families)
     want = [sum(float((features[f][j] * theta[f]).sum()) for f in families) for j in range(len(spans))]
     np.testing.assert_allclose(scores, want, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize(("prompt", "whole"), [
+    ("Context: the film was good. a dull plot! it was long.\n\nQuery: was it good? say yes or no.", [3, 4]),
+    ("Context: the film was good. a dull plot! it was long. Query: was it good? say yes or no.", []),
+])
+def test_read_without_sources_presence_is_per_token_and_reads_the_last_paragraph_whole(llama, tmp_path, prompt,
+                                                                                         whole):
+    """As a user reads it (no sources): the prompt's sentences, each token's row its own presence gradient (a part
+    of a sentence sums to its own share), the question after a blank line at full presence, the rest at half."""
+    model, tok = llama
+    blocks, heads = shape(model, get_adapter(model))
+    record = stored.make_record("calibrated_attention", model_identity(model), ("tokens", "presence"),
+                                {"tokens": np.zeros((1, 1)), "presence": np.ones((1, 1))}, (blocks, heads), 0.1,
+                                "logprob", 0.5, {"contexts": 3})
+    path = stored.write(record, tmp_path / "w.json")
+    g = normx.explain_generation(model, tok, prompt, method="calibrated_attention", target=[5, 6, 7],
+                                 weights=str(path))
+    spans = g.settings["source_spans"]
+    assert len(spans) == 5  # three sentences of context, two of the query
+    sources = [list(range(a, b)) for a, b in spans]
+    length, ids = g.prompt_length, list(g.token_ids)
+    presence = [1.0 if j in whole else 0.5 for j in range(len(sources))]
+    first_row = presence_first_row(len(ids), length, sources)
+    per_token, _ = presence_gradients(model_handle(model), ids, length, sources, "test", first_row, presence)
+    summed = sum(np.nan_to_num(np.asarray(row[:length], np.float64)) for row in g.rows())
+    np.testing.assert_allclose(summed, per_token, rtol=1e-4, atol=1e-7)
+    assert np.abs(per_token[sources[0]] - per_token[sources[0]].mean()).max() > 1e-7  # not spread evenly
 
 
 @pytest.fixture(scope="module")
@@ -215,7 +245,7 @@ def test_per_source_families_are_their_closed_forms(llama):
     ids = tok("the film was good. a dull plot! it was long. and so on")["input_ids"]
     length, spans = len(ids) - 3, [(1, 5), (5, 9), (9, len(ids) - 3)]
     features = training.source_features(model, ids, length, spans, ("tokens", "source_knockout"))
-    assert features["tokens"][:, 0, 0].tolist() == [4, 4, len(ids) - 12]
+    np.testing.assert_allclose(features["tokens"][:, 0, 0], [4, 4, len(ids) - 12], rtol=1e-12)
     tensor = torch.tensor([ids])
     with torch.no_grad():
         full = torch.log_softmax(model(tensor).logits[0, length - 1:-1].double(), -1)

@@ -18,7 +18,7 @@ from normx.core.handle import model_handle
 from normx.errors import InvalidInputError
 from normx.methods.calibrated import readings
 from normx.methods.decoder.knockout import knockout_gradients
-from normx.methods.decoder.presence import presence_gradients
+from normx.methods.decoder.presence import presence_gradients, source_sums
 
 TEXT = "the film was good. a dull plot! it was long and the end was sad"
 SOURCES = [[1, 2, 3], [4, 5, 6, 7], [8, 9], [10, 11, 12]]
@@ -31,12 +31,17 @@ def sequence(tok, response=(17, 23, 5, 9)):
 
 def whole_pass(model, ids, length, first_row, log_presence):
     """The response's log-probability from one forward pass over the whole sequence, every block's mask plus
-    log_presence[j] where a row at or after ``first_row`` comes after source j and the key is one of its tokens."""
+    log_presence[j] where a row at or after ``first_row`` comes after source j and the key is one of its tokens
+    (``log_presence`` one per source, or one per token of the sources: [sum of their sizes], in their order)."""
     total = len(ids)
     bias = torch.zeros(total, total, dtype=torch.float64)
+    per_token = len(log_presence) != len(SOURCES)
+    at = 0
     for j, members in enumerate(SOURCES):
         for row in range(max(first_row, max(members) + 1), total):
-            bias[row, members] = bias[row, members] + log_presence[j]
+            value = log_presence[at:at + len(members)] if per_token else log_presence[j]
+            bias[row, members] = bias[row, members] + value
+        at += len(members)
 
     def add(_module, args, kwargs):
         mask = kwargs["attention_mask"]
@@ -68,10 +73,17 @@ def test_the_reading_is_the_derivative_in_the_log_presences(llama64, where):
     model, tok = llama64
     ids, length = sequence(tok)
     first_row = {"every row": 1, "the middle": 8, "the response": length - 1}[where]
-    g, logits = presence_gradients(model_handle(model), ids, length, SOURCES, "test", first_row)
+    per_token, logits = presence_gradients(model_handle(model), ids, length, SOURCES, "test", first_row)
+    g = source_sums(per_token, SOURCES)
     beta = torch.full((len(SOURCES),), math.log(0.5), dtype=torch.float64, requires_grad=True)
     (want,) = torch.autograd.grad(whole_pass(model, ids, length, first_row, beta), beta)
     np.testing.assert_allclose(g, want.numpy(), rtol=1e-8, atol=1e-10)
+    # per token: each token's own columns (a bias of its own on each source token)
+    tokens = [i for members in SOURCES for i in members]
+    each = torch.full((len(tokens),), math.log(0.5), dtype=torch.float64, requires_grad=True)
+    (want,) = torch.autograd.grad(whole_pass(model, ids, length, first_row, each), each)
+    np.testing.assert_allclose(per_token[tokens], want.numpy(), rtol=1e-8, atol=1e-10)
+    assert per_token.shape == (length,) and not per_token[[0, 13, 14]].any()  # tokens in no source: 0
     # and a central difference in one source's presence (a wide step: the model's norms compute in float32)
     step = torch.zeros(len(SOURCES), dtype=torch.float64)
     step[1] = 1e-2
@@ -94,11 +106,14 @@ def test_at_full_presence_their_sum_is_the_knockout_gradients_over_the_sources(m
     model = architectures.build(model_type, name, "causal_lm").double()
     ids, length = [int(i) for i in range(20, 40)], 16
     handle = model_handle(model)
-    g, _ = presence_gradients(handle, ids, length, SOURCES, "test", presence=1.0)
+    per_token, _ = presence_gradients(handle, ids, length, SOURCES, "test", presence=1.0)
     grads, _ = knockout_gradients(handle, ids, length, "test")  # [L, H, n, T - 1] float32, the response's rows
     want = [float(grads[..., members].sum()) for members in SOURCES]
-    np.testing.assert_allclose(g, want, rtol=1e-5, atol=1e-8)
-    assert np.abs(g).max() > 1e-6
+    np.testing.assert_allclose(source_sums(per_token, SOURCES), want, rtol=1e-5, atol=1e-8)
+    tokens = [i for members in SOURCES for i in members]
+    np.testing.assert_allclose(per_token[tokens], grads[..., tokens].double().sum((0, 1, 2)).numpy(), rtol=1e-5,
+                               atol=1e-8)
+    assert np.abs(per_token).max() > 1e-6
 
 
 def test_threads_sharing_a_model_each_get_their_own_reading():
@@ -115,27 +130,49 @@ def test_bad_input_says_what_was_given():
     model, tok = tiny.build("LlamaForCausalLM")
     ids, length = sequence(tok)
     handle = model_handle(model)
-    with pytest.raises(InvalidInputError, match="presence must be in"):
+    with pytest.raises(InvalidInputError, match=r"presence must be a number in \(0, 1\] or one per source \(4\), "
+                                                "got 0.0"):
         presence_gradients(handle, ids, length, SOURCES, "test", presence=0.0)
-    with pytest.raises(InvalidInputError, match="presence must be in"):
+    with pytest.raises(InvalidInputError, match="presence must be a number"):
         presence_gradients(handle, ids, length, SOURCES, "test", presence=1.5)
+    with pytest.raises(InvalidInputError, match=r"one per source \(4\), got \[0.5, 1.0\]"):
+        presence_gradients(handle, ids, length, SOURCES, "test", presence=[0.5, 1.0])
+    with pytest.raises(InvalidInputError, match="whole names sources"):
+        readings.source_readings(handle, ids, length, SOURCES, ["presence"], "test", whole=[4])
     with pytest.raises(InvalidInputError, match=f"at most the response's first row {length - 1}; got {length}"):
         presence_gradients(handle, ids, length, SOURCES, "test", length)
     with pytest.raises(InvalidInputError, match="source 1 is empty"):
         presence_gradients(handle, ids, length, [[1, 2], []], "test")
 
 
-def test_the_presence_family_is_the_gradient_spread_evenly_over_the_steps():
+def test_each_source_may_have_its_own_presence(llama64):
+    model, tok = llama64
+    ids, length = sequence(tok)
+    presence = [0.5, 1.0, 0.5, 0.25]
+    per_token, _ = presence_gradients(model_handle(model), ids, length, SOURCES, "test", 3, presence)
+    beta = torch.tensor([math.log(p) for p in presence], dtype=torch.float64, requires_grad=True)
+    (want,) = torch.autograd.grad(whole_pass(model, ids, length, 3, beta), beta)
+    np.testing.assert_allclose(source_sums(per_token, SOURCES), want.numpy(), rtol=1e-8, atol=1e-10)
+    halves, _ = presence_gradients(model_handle(model), ids, length, SOURCES, "test", 3)
+    assert not np.allclose(source_sums(halves, SOURCES), want.numpy(), rtol=1e-3)  # the presences matter
+
+
+@pytest.mark.parametrize("whole", [[], [3]])
+def test_the_presence_family_is_the_gradient_per_token_spread_evenly_over_the_steps(whole):
     model, tok = tiny.build("LlamaForCausalLM")
     ids, length = sequence(tok)
     handle = model_handle(model)
-    values, logits = readings.source_readings(handle, ids, length, SOURCES, ["presence"], "test")
+    values, logits = readings.source_readings(handle, ids, length, SOURCES, ["presence"], "test", whole=whole)
     first_row = readings.presence_first_row(len(ids), length, SOURCES)
     assert 2 <= first_row <= length - 1
-    g, want_logits = presence_gradients(handle, ids, length, SOURCES, "test", first_row)
+    presence = [1.0 if j in whole else 0.5 for j in range(len(SOURCES))]
+    per_token, want_logits = presence_gradients(handle, ids, length, SOURCES, "test", first_row, presence)
     steps = len(ids) - length
-    assert values["presence"].shape == (len(SOURCES), steps)
-    np.testing.assert_allclose(values["presence"], np.repeat(g[:, None] / steps, steps, 1), rtol=1e-6, atol=1e-9)
+    want = np.zeros((steps, len(ids)))
+    want[:, :length] = per_token / steps
+    np.testing.assert_allclose(values["presence"], want, rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(readings.by_source(values["presence"], SOURCES).sum(1),
+                               source_sums(per_token, SOURCES), rtol=1e-6, atol=1e-9)
     torch.testing.assert_close(logits, want_logits)
 
 
@@ -155,7 +192,8 @@ def test_a_one_token_response_runs_where_sdpa_builds_no_mask_for_one_row(llama64
     model, tok = llama64
     ids, length = sequence(tok, response=(17,))
     handle = model_handle(model)
-    g, logits = presence_gradients(handle, ids, length, SOURCES, "test", presence=1.0)
+    per_token, logits = presence_gradients(handle, ids, length, SOURCES, "test", presence=1.0)
     grads, _ = knockout_gradients(handle, ids, length, "test")
-    np.testing.assert_allclose(g, [float(grads[..., m].sum()) for m in SOURCES], rtol=1e-5, atol=1e-8)
+    np.testing.assert_allclose(source_sums(per_token, SOURCES), [float(grads[..., m].sum()) for m in SOURCES],
+                               rtol=1e-5, atol=1e-8)
     assert logits.shape == (1, model.config.vocab_size)

@@ -68,5 +68,7 @@ def test_the_reread_family_is_the_surrogate_of_the_re_read_ablations():
     first_row = readings.reread_first_row(len(ids), length, sources)
     assert 4 <= first_row <= length - 1
     log_p, want_logits = masked_rereads(handle, ids, length, sources, masks, "test", first_row)
-    np.testing.assert_allclose(values["reread"], ridge_effects(masks, log_p), rtol=1e-6, atol=1e-9)
-    assert values["reread"].shape == (3, 3) and logits.shape == want_logits.shape
+    np.testing.assert_allclose(readings.by_source(values["reread"], sources), ridge_effects(masks, log_p), rtol=1e-6,
+                               atol=1e-9)
+    assert values["reread"].shape == (3, len(ids)) and logits.shape == want_logits.shape
+    assert not values["reread"][:, [0, 11, 12]].any()  # tokens in no source

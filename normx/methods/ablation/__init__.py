@@ -61,6 +61,22 @@ def prompt_sources(ctx: ResponseContext) -> list[list[int]]:
     return found
 
 
+def last_paragraph(ctx: ResponseContext, sources: list[list[int]]) -> list[int]:
+    """The indices of the ``sources`` that begin in the prompt's last paragraph (its question, where documents come
+    first: ``"Context: ...\\n\\nQuery: ..."``) when the method split the prompt itself (``sources`` a way to split
+    it) and the prompt has more than one paragraph with a source before the last; none otherwise (sources given as
+    spans are the user's own: the question is not among them)."""
+    if not isinstance(ctx.options["sources"], str):
+        return []
+    start, end = _prompt_region(ctx)
+    paragraphs = split_text(ctx.item.text[start:end], "paragraphs")
+    if len(paragraphs) < 2:
+        return []
+    begins = start + paragraphs[-1][0]
+    inside = [j for j, members in enumerate(sources) if ctx.item.offsets[members[0]][1] > begins]
+    return inside if len(inside) < len(sources) else []
+
+
 def _prompt_region(ctx: ResponseContext) -> tuple[int, int]:
     """The characters of the decoded sequence that are the user's prompt (not a chat template around it)."""
     end = ctx.item.offsets[ctx.prompt_length - 1][1] if ctx.prompt_length else 0

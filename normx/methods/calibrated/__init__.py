@@ -26,9 +26,12 @@ hidden rows per source (at most :data:`~normx.methods.calibrated.readings.QUERY_
 :data:`~normx.methods.calibrated.readings.REREAD_BUDGET` rows per token in all), ``presence`` one forward pass and
 its last rows again with a backward pass through them (within :data:`~normx.methods.calibrated.readings.
 PRESENCE_BUDGET` forward passes), ``tokens`` nothing but the sources. The sources: the ``sources`` option, as the
-ablation methods take it (the prompt's sentences by default). The weights: the file ``weights=`` names, else the
-ones stored for the model's fingerprint (:mod:`~normx.methods.calibrated.weights`; the smollm2 preset ships its
-own); none is an error that names ``normx calibrate``.
+ablation methods take it (the prompt's sentences by default); when the method splits the prompt itself and the prompt
+has more than one paragraph, ``presence`` reads the sources of its last paragraph (the question after the
+documents, as in ``"Context: ...\\n\\nQuery: ..."``) at full presence and the others at half
+(:func:`~normx.methods.ablation.last_paragraph`); spans given are all the context's, all read at half. The weights:
+the file ``weights=`` names, else the ones stored for the model's fingerprint (:mod:`~normx.methods.calibrated.
+weights`; the smollm2 preset ships its own); none is an error that names ``normx calibrate``.
 """
 
 from __future__ import annotations
@@ -41,9 +44,9 @@ from normx.methods.ablation import (
     BATCH_OPTION,
     SOURCES_OPTION,
     _refuse,
-    _rows,
     _spans,
     _supports,
+    last_paragraph,
     prompt_sources,
 )
 from normx.methods.ablation.forwards import outcomes
@@ -88,9 +91,10 @@ def calibrated(ctx: ResponseContext) -> ResponseRows:
     if scalar:
         sources = prompt_sources(ctx)
         values, found = source_readings(ctx.handle, ctx.ids, ctx.prompt_length, sources, scalar, NAME,
-                                        ctx.options["internal_batch_size"] or ctx.batch_size)
-        for family in scalar:  # each source's share of each step, spread evenly over its tokens
-            rows += _rows(ctx, sources, record["weights"][family][0][0] * values[family])
+                                        ctx.options["internal_batch_size"] or ctx.batch_size,
+                                        whole=last_paragraph(ctx, sources))
+        for family in scalar:  # each step's row over the tokens (a source: its tokens' entries summed)
+            rows += record["weights"][family][0][0] * values[family]
         spans = _spans(sources)
         if logits is None:
             # only `tokens`: the model's logits from one plain pass, as the ablation methods take them

@@ -35,7 +35,9 @@ that know the prompt's sources (the ablation methods' ``sources`` option):
   log p on every attention score to its tokens from the rows after it) at half presence, every source's bias log 1/2
   in the pass (:func:`normx.methods.decoder.presence.presence_gradients`: the slope of the response at the centre of
   ContextCite's random masks), taken through as many last rows as :data:`PRESENCE_BUDGET` allows
-  (:func:`presence_first_row`); a reading of the whole response, each step's share an even split.
+  (:func:`presence_first_row`); a reading of the whole response, each step's share an even split, kept per token
+  (each token its own columns' gradient: a part of a source sums to its own share); sources the caller names
+  ``whole`` (a question after the documents) read at full presence.
 
 :func:`head_readings` hands each block's [families, heads, steps, tokens] block to a ``reduce`` callback inside the
 pass (so a pass keeps what ``reduce`` returns, not every block's readings): the calibrated method contracts it with
@@ -181,16 +183,21 @@ def _last_rows(total: int, prompt_length: int, sources: Sequence[Sequence[int]],
 
 
 def source_readings(handle, ids: Sequence[int], prompt_length: int, sources: Sequence[Sequence[int]],
-                    families: Sequence[str], method: str, batch_size: int = 8
+                    families: Sequence[str], method: str, batch_size: int = 8, whole: Sequence[int] = ()
                     ) -> tuple[dict[str, np.ndarray], torch.Tensor | None]:
-    """{family: [sources, steps] float64} for the per-source families asked for (each step's share: summed over the
-    steps, ``tokens`` is the source's size and ``source_knockout`` / ``query_knockout`` its drop in the response's
-    log-probability), and the logits predicting the response (None unless a knockout family ran)."""
-    steps = len(ids) - prompt_length
+    """{family: [steps, T] float64} for the per-source families asked for: each step's row over the sequence's
+    ``T`` tokens, a source's value being its tokens' entries summed (:func:`by_source`; summed over the steps,
+    ``tokens`` is the source's size and ``source_knockout`` / ``query_knockout`` its drop in the response's
+    log-probability). A per-source value is spread evenly over the source's tokens, ``presence`` kept per token
+    (:func:`~normx.methods.decoder.presence.presence_gradients`); each step gets an even share of a whole-response
+    reading. ``whole``: the indices of sources ``presence`` reads at full presence (the others at 1/2). And the
+    logits predicting the response (None unless a knockout family ran)."""
+    steps, total = len(ids) - prompt_length, len(ids)
+    per_source: dict[str, np.ndarray] = {}
     out: dict[str, np.ndarray] = {}
     logits = None
     if "tokens" in families:
-        out["tokens"] = np.repeat(np.array([[len(m) / steps] for m in sources], np.float64), steps, axis=1)
+        per_source["tokens"] = np.repeat(np.array([[len(m) / steps] for m in sources], np.float64), steps, axis=1)
     firsts = {"source_knockout": prompt_length - 1, "query_knockout": query_first_row(len(ids), prompt_length,
                                                                                       sources)}
     drops: dict[int, np.ndarray] = {}  # by first re-read row: one pass where both families re-read the same rows
@@ -199,17 +206,33 @@ def source_readings(handle, ids: Sequence[int], prompt_length: int, sources: Seq
             log_p, logits = hidden_source_outcomes(handle, ids, prompt_length, sources, method, batch_size,
                                                    firsts[family])
             drops[firsts[family]] = (log_p[0][None] - log_p[1:]).numpy()
-        out[family] = drops[firsts[family]]
+        per_source[family] = drops[firsts[family]]
     if "reread" in families:
         drawn = balanced_masks(len(sources), REREAD_MASKS)
         first_row = reread_first_row(len(ids), prompt_length, sources)
         log_p, logits = masked_rereads(handle, ids, prompt_length, sources, drawn, method, first_row, batch_size)
-        out["reread"] = ridge_effects(drawn, log_p)
+        per_source["reread"] = ridge_effects(drawn, log_p)
+    for family, values in per_source.items():
+        rows = np.zeros((steps, total))
+        for members, value in zip(sources, values):
+            rows[:, list(members)] = (value / len(members))[:, None]
+        out[family] = rows
     if "presence" in families:
+        whole = {int(j) for j in whole}
+        if not whole <= set(range(len(sources))):
+            raise InvalidInputError(f"{method}: whole names sources {sorted(whole)!r:.80}; there are {len(sources)}")
         first_row = presence_first_row(len(ids), prompt_length, sources)
-        g, logits = presence_gradients(handle, ids, prompt_length, sources, method, first_row)
-        out["presence"] = np.repeat(g[:, None] / steps, steps, axis=1)
-    return out, logits
+        presence = [1.0 if j in whole else 0.5 for j in range(len(sources))]
+        g, logits = presence_gradients(handle, ids, prompt_length, sources, method, first_row, presence)
+        rows = np.zeros((steps, total))
+        rows[:, :prompt_length] = g[None] / steps
+        out["presence"] = rows
+    return {family: out[family] for family in families if family in out}, logits
+
+
+def by_source(rows: np.ndarray, sources: Sequence[Sequence[int]]) -> np.ndarray:
+    """[sources, steps]: each source's tokens' entries of ``rows`` [steps, T] summed."""
+    return np.stack([rows[:, list(m)].sum(1) for m in sources])
 
 
 def _knockout_parts(handle, ids, prompt_length: int, families, method: str

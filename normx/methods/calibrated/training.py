@@ -20,7 +20,15 @@ from normx.core.handle import model_handle
 from normx.errors import InvalidInputError
 from normx.methods.ablation.forwards import outcomes
 from normx.methods.calibrated.fit import LAMBDAS, Choice, Instance, centred_ridge, choose, expand
-from normx.methods.calibrated.readings import FAMILIES, SCALAR, check_families, head_readings, shape, source_readings
+from normx.methods.calibrated.readings import (
+    FAMILIES,
+    SCALAR,
+    by_source,
+    check_families,
+    head_readings,
+    shape,
+    source_readings,
+)
 from normx.methods.calibrated.weights import make_record
 from normx.methods.response import ResponseContext
 from normx.models.identity import model_identity
@@ -42,12 +50,13 @@ def source_features(model, ids: Sequence[int], prompt_length: int, spans: Sequen
 
         per_block, _ = head_readings(handle, ids, prompt_length, heads, over_steps, method)
         stacked = np.stack([per_block[layer] for layer in sorted(per_block)], axis=1)  # [F, L, H, T]
-        by_source = np.stack([stacked[..., a:b].sum(-1) for a, b in spans], axis=0)  # [S, F, L, H]
-        found.update({family: by_source[:, k] for k, family in enumerate(heads)})
+        summed = np.stack([stacked[..., a:b].sum(-1) for a, b in spans], axis=0)  # [S, F, L, H]
+        found.update({family: summed[:, k] for k, family in enumerate(heads)})
     scalar = [f for f in families if f in SCALAR]
     if scalar:
-        values, _ = source_readings(handle, ids, prompt_length, [list(range(a, b)) for a, b in spans], scalar, method)
-        found.update({family: values[family].sum(1)[:, None, None] for family in scalar})
+        sources = [list(range(a, b)) for a, b in spans]
+        values, _ = source_readings(handle, ids, prompt_length, sources, scalar, method)
+        found.update({family: by_source(values[family], sources).sum(1)[:, None, None] for family in scalar})
     return {family: found[family] for family in families}
 
 

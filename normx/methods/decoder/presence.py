@@ -17,6 +17,12 @@ source half present to the last rows at once), in one pass. With ``first_row`` a
 every row after a source reads it at half presence; later first rows cost less and leave out the earlier rows'
 share.
 
+The reading is kept per token: token i of source j gets the sum of the gradients with respect to the biases on its
+own column (from the rows after j), so g_j is its tokens' sum and any part of a source (a sentence of a paragraph,
+a differently split sentence) sums to the gradient of its own keys. ``presence`` may give each source its own
+value: a source at p = 1 (a question read whole while the documents before it are half present) gets its slope at
+full presence.
+
 Cost: one pass over the first ``first_row`` tokens (no gradient: the model's cache), one over the
 ``T - 1 - first_row`` last rows on it without bias (the model's own logits for the response, no gradient), one with
 the bias and gradients on, and one backward pass through those rows only. Memory: the cache twice, the last rows'
@@ -40,24 +46,42 @@ from normx.methods.decoder.knockout import _check_rows, _prompt_cache, _rows_for
 HALF = 0.5
 
 
-def _presence_bias(sources: Sequence[Sequence[int]], rows: np.ndarray, keys: int, value: float, dtype, device
-                   ) -> torch.Tensor:
-    """[1, 1, rows, keys]: ``value`` where a row comes after a source's last token and the key is one of that
-    source's tokens, 0 elsewhere."""
+def _presence_bias(sources: Sequence[Sequence[int]], rows: np.ndarray, keys: int, values: Sequence[float], dtype,
+                   device) -> torch.Tensor:
+    """[1, 1, rows, keys]: ``values[j]`` where a row comes after source j's last token and the key is one of its
+    tokens, 0 elsewhere."""
     bias = torch.zeros(1, 1, len(rows), keys, dtype=dtype, device=device)
-    for members in sources:
+    for members, value in zip(sources, values):
         after = torch.as_tensor(rows > max(members), device=device)
         if after.any():
             bias[0, 0, after.nonzero()[:, 0][:, None], torch.as_tensor(list(members), device=device)[None]] = value
     return bias
 
 
+def _presences(presence, count: int, method: str) -> list[float]:
+    """One presence in (0, 1] per source from ``presence`` (one number for all, or one per source)."""
+    values = [presence] * count if isinstance(presence, (int, float)) else list(presence)
+    if len(values) != count or not all(isinstance(p, (int, float)) and not isinstance(p, bool) and 0 < p <= 1
+                                       for p in values):
+        raise InvalidInputError(f"{method}: presence must be a number in (0, 1] or one per source ({count}), got "
+                                f"{presence!r:.120}")
+    return [float(p) for p in values]
+
+
+def source_sums(per_token: np.ndarray, sources: Sequence[Sequence[int]]) -> np.ndarray:
+    """[sources]: each source's tokens' entries of ``per_token`` summed (a source's presence gradient g_j)."""
+    return np.array([float(per_token[list(m)].sum()) for m in sources])
+
+
 def presence_gradients(handle, ids: Sequence[int], prompt_length: int, sources: Sequence[Sequence[int]],
-                       method: str, first_row: int | None = None, presence: float = HALF
+                       method: str, first_row: int | None = None, presence: float | Sequence[float] = HALF
                        ) -> tuple[np.ndarray, torch.Tensor]:
-    """``(g [sources] float64, logits [n, V] float32)``: each source's presence gradient (see the module's
-    docstring) with the gradient taken through the rows from ``first_row`` (default: the response's first row
-    ``prompt_length - 1``) to the end, and the model's own logits predicting the response (unbiased). ``handle``:
+    """``(g [prompt_length] float64, logits [n, V] float32)``: each prompt token's share of its source's presence
+    gradient (see the module's docstring: the gradients with respect to the biases on the token's attention scores
+    from the rows after its source; 0 for a token in no source), so that a source's g_j is its tokens' sum
+    (:func:`source_sums`), with the gradient taken through the rows from ``first_row`` (default: the response's
+    first row ``prompt_length - 1``) to the end; and the model's own logits predicting the response (unbiased).
+    ``presence``: every source's (default 1/2), or one per source. ``handle``:
     :func:`normx.core.handle.model_handle`'s."""
     model, modules, keywords, _, tensor = _setup(handle, ids, prompt_length, method)
     total = tensor.shape[1]
@@ -65,8 +89,7 @@ def presence_gradients(handle, ids: Sequence[int], prompt_length: int, sources: 
     first_row = prompt_length - 1 if first_row is None else int(first_row)
     members = [sorted({int(i) for i in m}) for m in sources]
     _check_rows(members, prompt_length, first_row, method, "the first row the gradient is taken through")
-    if not (isinstance(presence, (int, float)) and 0 < presence <= 1):
-        raise InvalidInputError(f"{method}: presence must be in (0, 1], got {presence!r}")
+    logs = [math.log(p) for p in _presences(presence, len(members), method)]
     dtype = next(model.parameters()).dtype
     rows = np.arange(first_row, keys)
     with handle.using():
@@ -74,7 +97,7 @@ def presence_gradients(handle, ids: Sequence[int], prompt_length: int, sources: 
         with torch.no_grad():  # the model's own logits for the response: the last rows on a copy of the cache
             plain = _rows_forward(model, modules, tensor, first_row, n, keywords, copy.deepcopy(cache), None,
                                   method).logits[0, -n:].float()
-        leaf = _presence_bias(members, rows, keys, math.log(presence), dtype, tensor.device).requires_grad_(True)
+        leaf = _presence_bias(members, rows, keys, logs, dtype, tensor.device).requires_grad_(True)
         with torch.enable_grad():
             out = _rows_forward(model, modules, tensor, first_row, n, keywords, cache, lambda _key: leaf, method)
             scores = out.logits[0, -n:]  # (in float32 at least)
@@ -82,8 +105,9 @@ def presence_gradients(handle, ids: Sequence[int], prompt_length: int, sources: 
             chosen = scores.gather(1, tensor[0, prompt_length:, None]).sum()
             (grad,) = torch.autograd.grad(chosen, leaf)
     grad = grad[0, 0].double()
-    g = np.zeros(len(members))
-    for j, m in enumerate(members):
+    g = np.zeros(prompt_length)
+    for m in members:
         after = torch.as_tensor(rows > m[-1], device=grad.device)
-        g[j] = float(grad[after][:, m].sum()) if after.any() else 0.0
+        if after.any():
+            g[m] = grad[after][:, m].sum(0).cpu().numpy()
     return g, plain
