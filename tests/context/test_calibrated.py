@@ -175,11 +175,13 @@ def test_every_family_sums_to_theta_times_the_training_features(llama, tmp_path,
 @pytest.mark.parametrize(("prompt", "whole"), [
     ("Context: the film was good. a dull plot! it was long.\n\nQuery: was it good? say yes or no.", [3, 4]),
     ("Context: the film was good. a dull plot! it was long. Query: was it good? say yes or no.", []),
+    ("Query: was it good? say yes or no.\n\nContext: the film was good. a dull plot! it was long.", []),
 ])
 def test_read_without_sources_presence_is_per_token_and_reads_the_last_paragraph_whole(llama, tmp_path, prompt,
                                                                                          whole):
     """As a user reads it (no sources): the prompt's sentences, each token's row its own presence gradient (a part
-    of a sentence sums to its own share), the question after a blank line at full presence, the rest at half."""
+    of a sentence sums to its own share), the question after a blank line at full presence, the rest at half (not
+    the last paragraph when it is the longer: documents after the question)."""
     model, tok = llama
     blocks, heads = shape(model, get_adapter(model))
     record = stored.make_record("calibrated_attention", model_identity(model), ("tokens", "presence"),

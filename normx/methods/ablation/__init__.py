@@ -64,8 +64,9 @@ def prompt_sources(ctx: ResponseContext) -> list[list[int]]:
 def last_paragraph(ctx: ResponseContext, sources: list[list[int]]) -> list[int]:
     """The indices of the ``sources`` that begin in the prompt's last paragraph (its question, where documents come
     first: ``"Context: ...\\n\\nQuery: ..."``) when the method split the prompt itself (``sources`` a way to split
-    it) and the prompt has more than one paragraph with a source before the last; none otherwise (sources given as
-    spans are the user's own: the question is not among them)."""
+    it), the prompt has more than one paragraph and the last holds fewer of the sources' tokens than those before it
+    (a question is shorter than its documents); none otherwise (sources given as spans are the user's own: the
+    question is not among them)."""
     if not isinstance(ctx.options["sources"], str):
         return []
     start, end = _prompt_region(ctx)
@@ -74,7 +75,8 @@ def last_paragraph(ctx: ResponseContext, sources: list[list[int]]) -> list[int]:
         return []
     begins = start + paragraphs[-1][0]
     inside = [j for j, members in enumerate(sources) if ctx.item.offsets[members[0]][1] > begins]
-    return inside if len(inside) < len(sources) else []
+    last = sum(len(sources[j]) for j in inside)
+    return inside if last < sum(len(m) for m in sources) - last else []
 
 
 def _prompt_region(ctx: ResponseContext) -> tuple[int, int]:

@@ -27,8 +27,8 @@ hidden rows per source (at most :data:`~normx.methods.calibrated.readings.QUERY_
 its last rows again with a backward pass through them (within :data:`~normx.methods.calibrated.readings.
 PRESENCE_BUDGET` forward passes), ``tokens`` nothing but the sources. The sources: the ``sources`` option, as the
 ablation methods take it (the prompt's sentences by default); when the method splits the prompt itself and the prompt
-has more than one paragraph, ``presence`` reads the sources of its last paragraph (the question after the
-documents, as in ``"Context: ...\\n\\nQuery: ..."``) at full presence and the others at half
+has more than one paragraph, the last the shorter, ``presence`` reads the sources of its last paragraph (the
+question after the documents, as in ``"Context: ...\\n\\nQuery: ..."``) at full presence and the others at half
 (:func:`~normx.methods.ablation.last_paragraph`); spans given are all the context's, all read at half. The weights:
 the file ``weights=`` names, else the ones stored for the model's fingerprint (:mod:`~normx.methods.calibrated.
 weights`; the smollm2 preset ships its own); none is an error that names ``normx calibrate``.
