@@ -28,13 +28,15 @@ def add_parser(sub, heavy: bool) -> argparse.ArgumentParser:
     parser.add_argument("--length", type=int, default=300, help="context length in tokens (default 300)")
     parser.add_argument("--masks", type=int, default=32, help="random source masks per context, one forward pass "
                         "each (default 32)")
-    parser.add_argument("--families", default="tokens,presence", help="the feature families the "
+    parser.add_argument("--families", default="tokens,presence,response_norm", help="the feature families the "
                         "cross-validation chooses from: attention, norm, logit (one eager pass), knockout, "
                         "knockout_abs (one pass and one backward over the answer's rows), tokens, source_knockout, "
                         "query_knockout, reread, presence (per source: its size, the exact drop when the answer's "
                         "rows cannot read it, and when the query's rows after the context cannot either, its effect "
                         "in a surrogate of 8 balanced re-read ablations with positions closed up, the answer's slope "
-                        "in its presence with every source half present to the last rows); default tokens,presence")
+                        "in its presence with every source half present to the last rows), response_norm (the norm "
+                        "family summed over blocks and heads, read in the presence pass); default "
+                        "tokens,presence,response_norm")
     parser.add_argument("--folds", type=int, default=5, help="cross-validation folds over contexts (default 5)")
     parser.add_argument("--max-new-tokens", type=int, default=12, help="the answer's length at most (default 12)")
     parser.add_argument("--seed", type=int, default=0, help="the contexts' and masks' seed (default 0)")

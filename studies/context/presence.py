@@ -3,8 +3,10 @@ collect`` kept (features, the real outcomes under 32 masks, and the side lines' 
 source's presence gradient (:func:`normx.methods.calibrated.training.source_features` with ``presence``: the slope
 of the response's log-probability in the source's log-presence, every source half present to the last rows, within
 the family's row budget), then the per-source family sets cross-validated as ``explore report`` does (ridge,
-centred, log-probability scaling, 5 contiguous folds over contexts; the best lambda of a few per set), all contexts
-and per kind. The presence features are kept in ``--keep`` (one .npz, written whole and reused). Deterministic::
+centred, 5 contiguous folds over contexts; the best lambda of a few per set, and with ``--spread`` the better of the
+log-probability and per-context spread scalings), all contexts and per kind. ``response_norm`` is the packed
+``norm`` family summed over blocks and heads (what the ``response_norm`` family reads in the presence pass). The
+presence features are kept in ``--keep`` (one .npz, written whole and reused). Deterministic::
 
     OMP_NUM_THREADS=2 python -m studies.context.presence --packed gpu_train_0.npz gpu_train_1.npz \\
         --side gpu_side.jsonl.gz --keep FILE.npz --out FILE
@@ -26,6 +28,7 @@ from studies.settings import Printed, add_out_option
 
 SETS = (("tokens",), ("presence",), ("tokens", "source_knockout"), ("tokens", "q0"), ("tokens", "presence"),
         ("tokens", "source_knockout", "presence"), ("tokens", "q0", "presence"))
+NORM_SETS = (("tokens", "response_norm"), ("tokens", "presence", "response_norm"))
 LAMBDAS = (0.01, 0.1, 1.0, 10.0)
 
 
@@ -39,6 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--masks", type=int, default=32)
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--spread", action="store_true", help="also the per-context spread scaling, lambda to 100, "
+                        "and the response_norm sets")
     args = parser.parse_args(argv)
 
     import torch
@@ -53,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     try:
         found, _ = study_instances(SimpleNamespace(packed=args.packed, side=args.side, out=None, masks=args.masks),
-                                   ["tokens", "source_knockout"])
+                                   ["tokens", "source_knockout", *(["norm"] if args.spread else [])])
         sides = {r["id"]: r for f in args.side for r in read_side(f)}
     except NormxError as error:
         print(f"presence: error: {error}", file=sys.stderr)
@@ -78,18 +83,22 @@ def main(argv: list[str] | None = None) -> int:
             print(f"presence: error: {args.keep} holds {kept[inst.id].shape} for {inst.id}", file=sys.stderr)
             return 2
         inst.features["presence"] = kept[inst.id][:, None, None].astype(np.float64)
+        if args.spread:
+            inst.features["response_norm"] = inst.features.pop("norm").sum((1, 2))[:, None, None]
+    lambdas, scalings = ((*LAMBDAS, 100.0), ("logprob", "spread")) if args.spread else (LAMBDAS, ("logprob",))
     kinds = np.array([inst.id.split("-")[0] for inst in found])
     show = Printed(args.out)
     show(f"{len(found)} contexts ({', '.join(f'{k} {int((kinds == k).sum())}' for k in sorted(set(kinds)))}), "
-         f"{args.masks} masks each; 5-fold cross-validated LDS, the best lambda of {LAMBDAS} ({seconds:.0f} s)")
+         f"{args.masks} masks each; 5-fold cross-validated LDS, the best lambda of {lambdas} and scaling of "
+         f"{scalings} ({seconds:.0f} s)")
     show()
-    show("| families | all | " + " | ".join(sorted(set(kinds))) + " | lambda |")
-    show("|---|---|" + "---|" * len(set(kinds)) + "---|")
-    for families in SETS:
-        scores = {lam: left_out_lds(found, families, lam, "logprob") for lam in LAMBDAS}
-        lam = max(LAMBDAS, key=lambda value: (scores[value].mean(), value))
-        by_kind = " | ".join(f"{scores[lam][kinds == k].mean():.3f}" for k in sorted(set(kinds)))
-        show(f"| {' + '.join(families)} | {scores[lam].mean():.3f} | {by_kind} | {lam:g} |")
+    show("| families | all | " + " | ".join(sorted(set(kinds))) + " | lambda | scaling |")
+    show("|---|---|" + "---|" * len(set(kinds)) + "---|---|")
+    for families in SETS + (NORM_SETS if args.spread else ()):
+        scores = {(lam, how): left_out_lds(found, families, lam, how) for lam in lambdas for how in scalings}
+        lam, how = max(scores, key=lambda key: (scores[key].mean(), key[0]))
+        by_kind = " | ".join(f"{scores[lam, how][kinds == k].mean():.3f}" for k in sorted(set(kinds)))
+        show(f"| {' + '.join(families)} | {scores[lam, how].mean():.3f} | {by_kind} | {lam:g} | {how} |")
     show.save()
     return 0
 

@@ -68,6 +68,22 @@ def test_ridge_is_its_closed_form():
         fit.ridge(x, y, 0.0)
 
 
+def test_the_nats_factor_undoes_the_shrinkage_and_changes_no_lds():
+    rng = np.random.default_rng(5)
+    true = {"attention": np.full((2, 3), 0.7)}  # one weight when tied "all"
+    made = instances(rng, true, count=6)
+    shrunk = fit.centred_ridge(made, ["attention"], 100.0, "spread", "all")
+    assert 0 < shrunk[0] < 0.1 * 0.7  # the ridge at lambda 100 keeps a small part of the weight
+    theta, factor = fit.in_nats(made, ["attention"], shrunk, "all")
+    np.testing.assert_allclose(theta, [0.7], rtol=1e-9)  # noise-free: the drops themselves, in nats
+    assert factor == pytest.approx(0.7 / shrunk[0])
+    for inst in made:
+        assert fit.instance_lds(inst, ["attention"], theta, "all") == fit.instance_lds(inst, ["attention"], shrunk,
+                                                                                       "all")
+    same, one = fit.in_nats(made, ["attention"], -shrunk, "all")  # predictions against the outcomes: left alone
+    assert one == 1.0 and (same == -shrunk).all()
+
+
 def test_known_head_weights_are_recovered_and_their_family_chosen():
     rng = np.random.default_rng(1)
     true = {"logit": rng.normal(size=(2, 3))}
@@ -152,7 +168,8 @@ def test_the_method_is_weighted_attention_from_the_predicting_positions(llama):
 
 @pytest.mark.parametrize("families", [("attention", "norm", "logit"), ("knockout", "knockout_abs"), ("tokens",),
                                       ("tokens", "source_knockout"), ("norm", "knockout", "source_knockout"),
-                                      ("tokens", "query_knockout"), ("tokens", "presence")])
+                                      ("tokens", "query_knockout"), ("tokens", "presence"),
+                                      ("tokens", "presence", "response_norm")])
 def test_every_family_sums_to_theta_times_the_training_features(llama, tmp_path, families):
     model, tok = llama
     blocks, heads = shape(model, get_adapter(model))
@@ -196,7 +213,7 @@ def test_read_without_sources_presence_is_per_token_and_reads_the_last_paragraph
     length, ids = g.prompt_length, list(g.token_ids)
     presence = [1.0 if j in whole else 0.5 for j in range(len(sources))]
     first_row = presence_first_row(len(ids), length, sources)
-    per_token, _ = presence_gradients(model_handle(model), ids, length, sources, "test", first_row, presence)
+    per_token = presence_gradients(model_handle(model), ids, length, sources, "test", first_row, presence).gradients
     summed = sum(np.nan_to_num(np.asarray(row[:length], np.float64)) for row in g.rows())
     np.testing.assert_allclose(summed, per_token, rtol=1e-4, atol=1e-7)
     assert np.abs(per_token[sources[0]] - per_token[sources[0]].mean()).max() > 1e-7  # not spread evenly

@@ -73,7 +73,8 @@ def test_the_reading_is_the_derivative_in_the_log_presences(llama64, where):
     model, tok = llama64
     ids, length = sequence(tok)
     first_row = {"every row": 1, "the middle": 8, "the response": length - 1}[where]
-    per_token, logits = presence_gradients(model_handle(model), ids, length, SOURCES, "test", first_row)
+    reading = presence_gradients(model_handle(model), ids, length, SOURCES, "test", first_row)
+    per_token, logits = reading.gradients, reading.logits
     g = source_sums(per_token, SOURCES)
     beta = torch.full((len(SOURCES),), math.log(0.5), dtype=torch.float64, requires_grad=True)
     (want,) = torch.autograd.grad(whole_pass(model, ids, length, first_row, beta), beta)
@@ -106,7 +107,7 @@ def test_at_full_presence_their_sum_is_the_knockout_gradients_over_the_sources(m
     model = architectures.build(model_type, name, "causal_lm").double()
     ids, length = [int(i) for i in range(20, 40)], 16
     handle = model_handle(model)
-    per_token, _ = presence_gradients(handle, ids, length, SOURCES, "test", presence=1.0)
+    per_token = presence_gradients(handle, ids, length, SOURCES, "test", presence=1.0).gradients
     grads, _ = knockout_gradients(handle, ids, length, "test")  # [L, H, n, T - 1] float32, the response's rows
     want = [float(grads[..., members].sum()) for members in SOURCES]
     np.testing.assert_allclose(source_sums(per_token, SOURCES), want, rtol=1e-5, atol=1e-8)
@@ -120,8 +121,8 @@ def test_threads_sharing_a_model_each_get_their_own_reading():
     model, tok = tiny.build("LlamaForCausalLM")
     ids, length = sequence(tok)
     handle = model_handle(model)
-    alone = [presence_gradients(handle, ids, length, SOURCES[i % 3:], "test", 5)[0] for i in range(3)]
-    results = in_threads(lambda i: presence_gradients(handle, ids, length, SOURCES[i % 3:], "test", 5)[0], 6)
+    alone = [presence_gradients(handle, ids, length, SOURCES[i % 3:], "test", 5).gradients for i in range(3)]
+    results = in_threads(lambda i: presence_gradients(handle, ids, length, SOURCES[i % 3:], "test", 5).gradients, 6)
     for i, got in results.items():
         np.testing.assert_allclose(got, alone[i % 3], rtol=1e-5, atol=1e-7)
 
@@ -149,11 +150,11 @@ def test_each_source_may_have_its_own_presence(llama64):
     model, tok = llama64
     ids, length = sequence(tok)
     presence = [0.5, 1.0, 0.5, 0.25]
-    per_token, _ = presence_gradients(model_handle(model), ids, length, SOURCES, "test", 3, presence)
+    per_token = presence_gradients(model_handle(model), ids, length, SOURCES, "test", 3, presence).gradients
     beta = torch.tensor([math.log(p) for p in presence], dtype=torch.float64, requires_grad=True)
     (want,) = torch.autograd.grad(whole_pass(model, ids, length, 3, beta), beta)
     np.testing.assert_allclose(source_sums(per_token, SOURCES), want.numpy(), rtol=1e-8, atol=1e-10)
-    halves, _ = presence_gradients(model_handle(model), ids, length, SOURCES, "test", 3)
+    halves = presence_gradients(model_handle(model), ids, length, SOURCES, "test", 3).gradients
     assert not np.allclose(source_sums(halves, SOURCES), want.numpy(), rtol=1e-3)  # the presences matter
 
 
@@ -166,7 +167,8 @@ def test_the_presence_family_is_the_gradient_per_token_spread_evenly_over_the_st
     first_row = readings.presence_first_row(len(ids), length, SOURCES)
     assert 2 <= first_row <= length - 1
     presence = [1.0 if j in whole else 0.5 for j in range(len(SOURCES))]
-    per_token, want_logits = presence_gradients(handle, ids, length, SOURCES, "test", first_row, presence)
+    reading = presence_gradients(handle, ids, length, SOURCES, "test", first_row, presence)
+    per_token, want_logits = reading.gradients, reading.logits
     steps = len(ids) - length
     want = np.zeros((steps, len(ids)))
     want[:, :length] = per_token / steps
@@ -192,7 +194,8 @@ def test_a_one_token_response_runs_where_sdpa_builds_no_mask_for_one_row(llama64
     model, tok = llama64
     ids, length = sequence(tok, response=(17,))
     handle = model_handle(model)
-    per_token, logits = presence_gradients(handle, ids, length, SOURCES, "test", presence=1.0)
+    reading = presence_gradients(handle, ids, length, SOURCES, "test", presence=1.0)
+    per_token, logits = reading.gradients, reading.logits
     grads, _ = knockout_gradients(handle, ids, length, "test")
     np.testing.assert_allclose(source_sums(per_token, SOURCES), [float(grads[..., m].sum()) for m in SOURCES],
                                rtol=1e-5, atol=1e-8)

@@ -115,12 +115,14 @@ register_method(Method(
     "Calibrated attention: weights over normx's attention readings from the response's rows (per head: attention, "
     "norm-weighted, direct-logit, knockout gradients; per source: its size, the exact drop when the response "
     "(and the query) cannot read it, its effect in a surrogate of re-read ablations, the response's slope in its "
-    "presence with every source half present), fitted per model by `normx calibrate` to the response's "
+    "presence with every source half present, the norm-based attention of the response's rows read in that same "
+    "pass), fitted per model by `normx calibrate` to the response's "
     "log-probability under random source removals; one to two forward passes",
     display="Calibrated attention", response=calibrated, response_only=True, label_dependent=True, layered=False,
     predicts=True, exclusive=True, reading="signed", supports=_supports,
     options=[SOURCES_OPTION, BATCH_OPTION, Option("weights", None, "a calibrated weights file (None: the ones stored "
                                                   "for the model's "
                     "fingerprint by `normx calibrate --store`, or shipped with its preset)", str, none=True)],
-    # the shipped weights' cost (tokens + presence): one forward pass and its last rows again with a backward pass
+    # the shipped weights' cost (tokens + presence + response_norm): one forward pass and its last rows again with a
+    # backward pass
     cost=lambda tokens, targets, options: PRESENCE_BUDGET))

@@ -22,7 +22,9 @@ their root mean square over every centred row; theta solves the ridge normal equ
 I) theta = X^T y in float64 (closed form, deterministic), and is scaled back. Choice (:func:`choose`): the feature
 families, the tying, lambda and the outcome scaling by K-fold cross-validation over instances (folds by instance,
 never by mask), scored by the mean over the left-out instances of the Spearman correlation between predicted and actual
-outcomes over their masks (the LDS on training masks).
+outcomes over their masks (the LDS on training masks). The chosen theta is then multiplied by one factor fitted by
+least squares to the outcomes in nats (:func:`in_nats`: the ridge's shrinkage, strong at a large lambda, leaves the
+predictions smaller than the drops they predict), which changes no LDS.
 """
 
 from __future__ import annotations
@@ -137,6 +139,20 @@ def centred_ridge(instances: Sequence[Instance], families: Sequence[str], lam: f
     if scaling not in SCALINGS:
         raise InvalidInputError(f"scaling={scaling!r} is not allowed; use one of {SCALINGS}")
     return ridge(*_centred(instances, families, scaling, tying), lam)
+
+
+def in_nats(instances: Sequence[Instance], families: Sequence[str], theta: np.ndarray, tying: str = "head"
+            ) -> tuple[np.ndarray, float]:
+    """``(c * theta, c)``: ``theta`` times the one factor c > 0 that best fits the instances' centred outcomes in
+    log-probability units by least squares (c = <X theta, y> / <X theta, X theta> over every centred row), so that
+    a source's score is a drop in nats again after the ridge's shrinkage or a per-instance scaling (no LDS changes:
+    each instance's predictions are only multiplied by c); ``theta`` as it is (c = 1) where c would not be
+    positive."""
+    x, y = _centred(instances, families, "logprob", tying)
+    predicted = x @ theta
+    size = float(predicted @ predicted)
+    c = float(predicted @ y) / size if size > 0 else 1.0
+    return (theta * c, c) if c > 0 else (theta, 1.0)
 
 
 def spearman(a: np.ndarray, b: np.ndarray) -> float:

@@ -16,7 +16,7 @@ forward pass with eager attention (:func:`normx.methods.decoder.maps.read_blocks
   backward through those rows (about 1.1 forward passes); the other families one eager pass (and, for ``logit``,
   one backward through the final norm and head).
 
-Two families are per source, not per head (their weight tables are 1 x 1; :func:`source_readings`), for methods
+Some families are per source or summed over heads (their weight tables are 1 x 1; :func:`source_readings`), for methods
 that know the prompt's sources (the ablation methods' ``sources`` option):
 
 - ``tokens``: the source's number of tokens (what removing that much context does, whatever it says);
@@ -37,7 +37,11 @@ that know the prompt's sources (the ablation methods' ``sources`` option):
   ContextCite's random masks), taken through as many last rows as :data:`PRESENCE_BUDGET` allows
   (:func:`presence_first_row`); a reading of the whole response, each step's share an even split, kept per token
   (each token its own columns' gradient: a part of a source sums to its own share); sources the caller names
-  ``whole`` (a question after the documents) read at full presence.
+  ``whole`` (a question after the documents) read at full presence;
+- ``response_norm``: the ``norm`` family summed over blocks and heads (alpha^(l,h)_(q_t,i) * ||W_O^h v_i^(l,h)||, one
+  weight), read in the presence reading's plain pass over its last rows (eager attention there:
+  :class:`~normx.methods.decoder.norm_rows.NormRows`), so with ``presence`` it costs no pass of its own (asked
+  alone, it runs that reading all the same); per step, as the per-head families are.
 
 :func:`head_readings` hands each block's [families, heads, steps, tokens] block to a ``reduce`` callback inside the
 pass (so a pass keeps what ``reduce`` returns, not every block's readings): the calibrated method contracts it with
@@ -65,10 +69,10 @@ from normx.methods.decoder.rereads import masked_rereads
 from normx.methods.response import response_positions
 
 FAMILIES = ("attention", "norm", "logit", "knockout", "knockout_abs", "tokens", "source_knockout", "query_knockout",
-            "reread", "presence")
+            "reread", "presence", "response_norm")
 KNOCKOUT = ("knockout", "knockout_abs")  # read by the knockout pass, not the eager one
 # one number per source: 1 x 1 weight tables
-SCALAR = ("tokens", "source_knockout", "query_knockout", "reread", "presence")
+SCALAR = ("tokens", "source_knockout", "query_knockout", "reread", "presence", "response_norm")
 QUERY_BUDGET = 1.6  # query_knockout's rows: the cache's plus (sources + 1) x the hidden rows, per token of the sequence
 REREAD_MASKS = 8  # reread's balanced masks (besides keeping everything)
 REREAD_BUDGET = 1.45  # reread's rows: the cache's plus (masks + 1) x the re-read rows, per token of the sequence
@@ -217,16 +221,20 @@ def source_readings(handle, ids: Sequence[int], prompt_length: int, sources: Seq
         for members, value in zip(sources, values):
             rows[:, list(members)] = (value / len(members))[:, None]
         out[family] = rows
-    if "presence" in families:
+    if "presence" in families or "response_norm" in families:  # one presence pass reads both
         whole = {int(j) for j in whole}
         if not whole <= set(range(len(sources))):
             raise InvalidInputError(f"{method}: whole names sources {sorted(whole)!r:.80}; there are {len(sources)}")
         first_row = presence_first_row(len(ids), prompt_length, sources)
         presence = [1.0 if j in whole else 0.5 for j in range(len(sources))]
-        g, logits = presence_gradients(handle, ids, prompt_length, sources, method, first_row, presence)
+        reading = presence_gradients(handle, ids, prompt_length, sources, method, first_row, presence,
+                                     norm="response_norm" in families)
+        logits = reading.logits
         rows = np.zeros((steps, total))
-        rows[:, :prompt_length] = g[None] / steps
+        rows[:, :prompt_length] = reading.gradients[None] / steps
         out["presence"] = rows
+        if reading.norm is not None:
+            out["response_norm"] = np.pad(reading.norm, ((0, 0), (0, 1)))  # (no row reads the last token)
     return {family: out[family] for family in families if family in out}, logits
 
 

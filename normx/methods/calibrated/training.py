@@ -19,7 +19,7 @@ from normx.core.batch import Encoded
 from normx.core.handle import model_handle
 from normx.errors import InvalidInputError
 from normx.methods.ablation.forwards import outcomes
-from normx.methods.calibrated.fit import LAMBDAS, Choice, Instance, centred_ridge, choose, expand
+from normx.methods.calibrated.fit import LAMBDAS, Choice, Instance, centred_ridge, choose, expand, in_nats
 from normx.methods.calibrated.readings import (
     FAMILIES,
     SCALAR,
@@ -194,11 +194,12 @@ def fitted_record(model, instances: Sequence[Instance], candidates: Sequence[str
     candidates = check_families(candidates)
     choice = choose(instances, candidates, lambdas, folds=folds)
     theta = centred_ridge(instances, choice.families, choice.lam, choice.scaling, choice.tying)
+    theta, factor = in_nats(instances, choice.families, theta, choice.tying)
     tables = expand(theta, choice.families, choice.tying, shape(model, get_adapter(model)), SCALAR)
     blocks, heads = shape(model, get_adapter(model))
     described = {**dict(training or {}), "contexts": len(instances), "masks": len(instances[0].y),
                  "sha256": training_hash(instances), "candidates": list(candidates), "folds": folds,
-                 "tying": choice.tying}
+                 "tying": choice.tying, "nats_factor": factor}
     record = make_record(METHOD, model_identity(model), choice.families, tables, (blocks, heads), choice.lam,
                          choice.scaling, choice.cv_lds, described)
     return record, choice

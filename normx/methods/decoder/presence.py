@@ -36,12 +36,15 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass
 
 import numpy as np
 
 from normx._torch import torch
 from normx.errors import InvalidInputError
 from normx.methods.decoder.knockout import _check_rows, _prompt_cache, _rows_forward, _setup
+from normx.methods.decoder.norm_rows import NormRows
 
 HALF = 0.5
 
@@ -73,17 +76,30 @@ def source_sums(per_token: np.ndarray, sources: Sequence[Sequence[int]]) -> np.n
     return np.array([float(per_token[list(m)].sum()) for m in sources])
 
 
+@dataclass(frozen=True)
+class Presence:
+    """What one presence reading gives: ``gradients`` [prompt_length] float64 (each prompt token's share of its
+    source's presence gradient; a source's g_j is its tokens' sum, :func:`source_sums`), ``logits`` [n, V] float32
+    (the model's own, predicting the response), and ``norm`` [n, T - 1] float64 or None (step t's norm-based
+    attention row from the position that predicts y_t, summed over blocks and heads,
+    :class:`~normx.methods.decoder.norm_rows.NormRows`, read in the same plain pass when asked for)."""
+
+    gradients: np.ndarray
+    logits: torch.Tensor
+    norm: np.ndarray | None = None
+
+
 def presence_gradients(handle, ids: Sequence[int], prompt_length: int, sources: Sequence[Sequence[int]],
-                       method: str, first_row: int | None = None, presence: float | Sequence[float] = HALF
-                       ) -> tuple[np.ndarray, torch.Tensor]:
-    """``(g [prompt_length] float64, logits [n, V] float32)``: each prompt token's share of its source's presence
-    gradient (see the module's docstring: the gradients with respect to the biases on the token's attention scores
-    from the rows after its source; 0 for a token in no source), so that a source's g_j is its tokens' sum
-    (:func:`source_sums`), with the gradient taken through the rows from ``first_row`` (default: the response's
-    first row ``prompt_length - 1``) to the end; and the model's own logits predicting the response (unbiased).
-    ``presence``: every source's (default 1/2), or one per source. ``handle``:
+                       method: str, first_row: int | None = None, presence: float | Sequence[float] = HALF,
+                       norm: bool = False) -> Presence:
+    """The :class:`Presence` reading: each prompt token's share of its source's presence gradient (see the module's
+    docstring: the gradients with respect to the biases on the token's attention scores from the rows after its
+    source; 0 for a token in no source), with the gradient taken through the rows from ``first_row`` (default: the
+    response's first row ``prompt_length - 1``) to the end; the model's own logits predicting the response
+    (unbiased); with ``norm``, the response's norm-based attention rows read in the plain pass (eager attention
+    there). ``presence``: every source's (default 1/2), or one per source. ``handle``:
     :func:`normx.core.handle.model_handle`'s."""
-    model, modules, keywords, _, tensor = _setup(handle, ids, prompt_length, method)
+    model, modules, keywords, heads, tensor = _setup(handle, ids, prompt_length, method)
     total = tensor.shape[1]
     n, keys = total - prompt_length, total - 1
     first_row = prompt_length - 1 if first_row is None else int(first_row)
@@ -92,11 +108,14 @@ def presence_gradients(handle, ids: Sequence[int], prompt_length: int, sources: 
     logs = [math.log(p) for p in _presences(presence, len(members), method)]
     dtype = next(model.parameters()).dtype
     rows = np.arange(first_row, keys)
+    reader = NormRows(model, len(modules), heads, n, method) if norm else None
     with handle.using():
-        cache = _prompt_cache(model, tensor, first_row, keywords, method)
-        with torch.no_grad():  # the model's own logits for the response: the last rows on a copy of the cache
-            plain = _rows_forward(model, modules, tensor, first_row, n, keywords, copy.deepcopy(cache), None,
-                                  method).logits[0, -n:].float()
+        with reader.values() if reader else nullcontext():
+            cache = _prompt_cache(model, tensor, first_row, keywords, method)
+            with torch.no_grad(), reader.rows() if reader else nullcontext():
+                # the model's own logits for the response: the last rows on a copy of the cache
+                plain = _rows_forward(model, modules, tensor, first_row, n, keywords, copy.deepcopy(cache), None,
+                                      method).logits[0, -n:].float()
         leaf = _presence_bias(members, rows, keys, logs, dtype, tensor.device).requires_grad_(True)
         with torch.enable_grad():
             out = _rows_forward(model, modules, tensor, first_row, n, keywords, cache, lambda _key: leaf, method)
@@ -110,4 +129,4 @@ def presence_gradients(handle, ids: Sequence[int], prompt_length: int, sources: 
         after = torch.as_tensor(rows > m[-1], device=grad.device)
         if after.any():
             g[m] = grad[after][:, m].sum(0).cpu().numpy()
-    return g, plain
+    return Presence(g, plain, None if reader is None else reader.result().double().cpu().numpy())
