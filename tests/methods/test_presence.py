@@ -18,7 +18,7 @@ from normx.core.handle import model_handle
 from normx.errors import InvalidInputError
 from normx.methods.calibrated import readings
 from normx.methods.decoder.knockout import knockout_gradients
-from normx.methods.decoder.presence import presence_gradients, source_sums
+from normx.methods.decoder.presence import presence_gradients
 
 TEXT = "the film was good. a dull plot! it was long and the end was sad"
 SOURCES = [[1, 2, 3], [4, 5, 6, 7], [8, 9], [10, 11, 12]]
@@ -75,7 +75,7 @@ def test_the_reading_is_the_derivative_in_the_log_presences(llama64, where):
     first_row = {"every row": 1, "the middle": 8, "the response": length - 1}[where]
     reading = presence_gradients(model_handle(model), ids, length, SOURCES, "test", first_row)
     per_token, logits = reading.gradients, reading.logits
-    g = source_sums(per_token, SOURCES)
+    g = readings.by_source(per_token, SOURCES)
     beta = torch.full((len(SOURCES),), math.log(0.5), dtype=torch.float64, requires_grad=True)
     (want,) = torch.autograd.grad(whole_pass(model, ids, length, first_row, beta), beta)
     np.testing.assert_allclose(g, want.numpy(), rtol=1e-8, atol=1e-10)
@@ -110,7 +110,7 @@ def test_at_full_presence_their_sum_is_the_knockout_gradients_over_the_sources(m
     per_token = presence_gradients(handle, ids, length, SOURCES, "test", presence=1.0).gradients
     grads, _ = knockout_gradients(handle, ids, length, "test")  # [L, H, n, T - 1] float32, the response's rows
     want = [float(grads[..., members].sum()) for members in SOURCES]
-    np.testing.assert_allclose(source_sums(per_token, SOURCES), want, rtol=1e-5, atol=1e-8)
+    np.testing.assert_allclose(readings.by_source(per_token, SOURCES), want, rtol=1e-5, atol=1e-8)
     tokens = [i for members in SOURCES for i in members]
     np.testing.assert_allclose(per_token[tokens], grads[..., tokens].double().sum((0, 1, 2)).numpy(), rtol=1e-5,
                                atol=1e-8)
@@ -153,9 +153,9 @@ def test_each_source_may_have_its_own_presence(llama64):
     per_token = presence_gradients(model_handle(model), ids, length, SOURCES, "test", 3, presence).gradients
     beta = torch.tensor([math.log(p) for p in presence], dtype=torch.float64, requires_grad=True)
     (want,) = torch.autograd.grad(whole_pass(model, ids, length, 3, beta), beta)
-    np.testing.assert_allclose(source_sums(per_token, SOURCES), want.numpy(), rtol=1e-8, atol=1e-10)
+    np.testing.assert_allclose(readings.by_source(per_token, SOURCES), want.numpy(), rtol=1e-8, atol=1e-10)
     halves = presence_gradients(model_handle(model), ids, length, SOURCES, "test", 3).gradients
-    assert not np.allclose(source_sums(halves, SOURCES), want.numpy(), rtol=1e-3)  # the presences matter
+    assert not np.allclose(readings.by_source(halves, SOURCES), want.numpy(), rtol=1e-3)  # the presences matter
 
 
 @pytest.mark.parametrize("whole", [[], [3]])
@@ -174,7 +174,7 @@ def test_the_presence_family_is_the_gradient_per_token_spread_evenly_over_the_st
     want[:, :length] = per_token / steps
     np.testing.assert_allclose(values["presence"], want, rtol=1e-6, atol=1e-9)
     np.testing.assert_allclose(readings.by_source(values["presence"], SOURCES).sum(1),
-                               source_sums(per_token, SOURCES), rtol=1e-6, atol=1e-9)
+                               readings.by_source(per_token, SOURCES), rtol=1e-6, atol=1e-9)
     torch.testing.assert_close(logits, want_logits)
 
 
@@ -197,6 +197,6 @@ def test_a_one_token_response_runs_where_sdpa_builds_no_mask_for_one_row(llama64
     reading = presence_gradients(handle, ids, length, SOURCES, "test", presence=1.0)
     per_token, logits = reading.gradients, reading.logits
     grads, _ = knockout_gradients(handle, ids, length, "test")
-    np.testing.assert_allclose(source_sums(per_token, SOURCES), [float(grads[..., m].sum()) for m in SOURCES],
+    np.testing.assert_allclose(readings.by_source(per_token, SOURCES), [float(grads[..., m].sum()) for m in SOURCES],
                                rtol=1e-5, atol=1e-8)
     assert logits.shape == (1, model.config.vocab_size)

@@ -90,12 +90,19 @@ def _prompt_region(ctx: ResponseContext) -> tuple[int, int]:
     return 0, end
 
 
-def _rows(ctx: ResponseContext, sources: list[list[int]], scores: np.ndarray) -> np.ndarray:
-    """Per-step rows [n, T] from per-step source scores [sources, n]: each spread evenly over its tokens."""
-    rows = np.zeros((ctx.steps, len(ctx.item.ids)), np.float32)
+def spread(sources, scores: np.ndarray, total: int) -> np.ndarray:
+    """Per-step rows [n, total] float64 from per-step source scores [sources, n]: each spread evenly over its
+    tokens (0 for a token in no source), so that a source's tokens' entries sum to its score."""
+    scores = np.asarray(scores, np.float64)
+    rows = np.zeros((scores.shape[1], total))
     for members, values in zip(sources, scores):
-        rows[:, members] = (np.asarray(values, np.float64) / len(members))[:, None]
+        rows[:, list(members)] = (values / len(members))[:, None]
     return rows
+
+
+def _rows(ctx: ResponseContext, sources: list[list[int]], scores: np.ndarray) -> np.ndarray:
+    """:func:`spread` over the sequence's tokens, float32."""
+    return spread(sources, scores, len(ctx.item.ids)).astype(np.float32)
 
 
 def _spans(sources: list[list[int]]) -> list[list[int]]:

@@ -60,11 +60,12 @@ import numpy as np
 from normx._torch import torch
 from normx.core.forward import Pass
 from normx.errors import InvalidInputError
+from normx.methods.ablation import spread
 from normx.methods.calibrated.surrogate import balanced_masks, ridge_effects
 from normx.methods.decoder.heads import block_attention, check_response, decoder_shape
 from normx.methods.decoder.knockout import hidden_source_outcomes, knockout_gradients
 from normx.methods.decoder.maps import read_blocks
-from normx.methods.decoder.presence import presence_gradients
+from normx.methods.decoder.presence import HALF, presence_gradients
 from normx.methods.decoder.rereads import masked_rereads
 from normx.methods.response import response_positions
 
@@ -198,7 +199,6 @@ def source_readings(handle, ids: Sequence[int], prompt_length: int, sources: Seq
     logits predicting the response (None unless a knockout family ran)."""
     steps, total = len(ids) - prompt_length, len(ids)
     per_source: dict[str, np.ndarray] = {}
-    out: dict[str, np.ndarray] = {}
     logits = None
     if "tokens" in families:
         per_source["tokens"] = np.repeat(np.array([[len(m) / steps] for m in sources], np.float64), steps, axis=1)
@@ -216,17 +216,13 @@ def source_readings(handle, ids: Sequence[int], prompt_length: int, sources: Seq
         first_row = reread_first_row(len(ids), prompt_length, sources)
         log_p, logits = masked_rereads(handle, ids, prompt_length, sources, drawn, method, first_row, batch_size)
         per_source["reread"] = ridge_effects(drawn, log_p)
-    for family, values in per_source.items():
-        rows = np.zeros((steps, total))
-        for members, value in zip(sources, values):
-            rows[:, list(members)] = (value / len(members))[:, None]
-        out[family] = rows
+    out = {family: spread(sources, values, total) for family, values in per_source.items()}
     if "presence" in families or "response_norm" in families:  # one presence pass reads both
         whole = {int(j) for j in whole}
         if not whole <= set(range(len(sources))):
             raise InvalidInputError(f"{method}: whole names sources {sorted(whole)!r:.80}; there are {len(sources)}")
         first_row = presence_first_row(len(ids), prompt_length, sources)
-        presence = [1.0 if j in whole else 0.5 for j in range(len(sources))]
+        presence = [1.0 if j in whole else HALF for j in range(len(sources))]
         reading = presence_gradients(handle, ids, prompt_length, sources, method, first_row, presence,
                                      norm="response_norm" in families)
         logits = reading.logits
@@ -239,8 +235,9 @@ def source_readings(handle, ids: Sequence[int], prompt_length: int, sources: Seq
 
 
 def by_source(rows: np.ndarray, sources: Sequence[Sequence[int]]) -> np.ndarray:
-    """[sources, steps]: each source's tokens' entries of ``rows`` [steps, T] summed."""
-    return np.stack([rows[:, list(m)].sum(1) for m in sources])
+    """[sources, ...]: each source's tokens' entries of ``rows`` [..., T] summed (from [steps, T] rows: each step's
+    score per source; from one [T] row, such as a presence reading's tokens: one number per source)."""
+    return np.stack([np.asarray(rows)[..., list(m)].sum(-1) for m in sources])
 
 
 def _knockout_parts(handle, ids, prompt_length: int, families, method: str

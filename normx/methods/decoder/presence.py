@@ -71,15 +71,10 @@ def _presences(presence, count: int, method: str) -> list[float]:
     return [float(p) for p in values]
 
 
-def source_sums(per_token: np.ndarray, sources: Sequence[Sequence[int]]) -> np.ndarray:
-    """[sources]: each source's tokens' entries of ``per_token`` summed (a source's presence gradient g_j)."""
-    return np.array([float(per_token[list(m)].sum()) for m in sources])
-
-
 @dataclass(frozen=True)
 class Presence:
     """What one presence reading gives: ``gradients`` [prompt_length] float64 (each prompt token's share of its
-    source's presence gradient; a source's g_j is its tokens' sum, :func:`source_sums`), ``logits`` [n, V] float32
+    source's presence gradient; a source's g_j is its tokens' sum), ``logits`` [n, V] float32
     (the model's own, predicting the response), and ``norm`` [n, T - 1] float64 or None (step t's norm-based
     attention row from the position that predicts y_t, summed over blocks and heads,
     :class:`~normx.methods.decoder.norm_rows.NormRows`, read in the same plain pass when asked for)."""
