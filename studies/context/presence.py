@@ -6,7 +6,10 @@ the family's row budget), then the per-source family sets cross-validated as ``e
 centred, 5 contiguous folds over contexts; the best lambda of a few per set, and with ``--spread`` the better of the
 log-probability and per-context spread scalings), all contexts and per kind. ``response_norm`` is the packed
 ``norm`` family summed over blocks and heads (what the ``response_norm`` family reads in the presence pass). The
-presence features are kept in ``--keep`` (one .npz, written whole and reused). Deterministic::
+presence features are kept in ``--keep`` (one .npz, written whole and reused). ``--probes`` (with ``--spread``) adds
+per-source quantities a removal's effect might hang on beside ``tokens`` + ``presence`` + ``response_norm``: the
+source's place (relative, first, last, tokens after it), the rank and the positive part of its presence, its tokens
+times the response's length, and the set fitted within each kind alone. Deterministic::
 
     OMP_NUM_THREADS=2 python -m studies.context.presence --packed gpu_train_0.npz gpu_train_1.npz \\
         --side gpu_side.jsonl.gz --keep FILE.npz --out FILE
@@ -29,6 +32,8 @@ from studies.settings import Printed, add_out_option
 SETS = (("tokens",), ("presence",), ("tokens", "source_knockout"), ("tokens", "q0"), ("tokens", "presence"),
         ("tokens", "source_knockout", "presence"), ("tokens", "q0", "presence"))
 NORM_SETS = (("tokens", "response_norm"), ("tokens", "presence", "response_norm"))
+SHIPPED = ("tokens", "presence", "response_norm")
+PROBES = ("place", "first", "last", "after", "rank", "positive", "tokens_x_response")
 LAMBDAS = (0.01, 0.1, 1.0, 10.0)
 
 
@@ -44,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--spread", action="store_true", help="also the per-context spread scaling, lambda to 100, "
                         "and the response_norm sets")
+    parser.add_argument("--probes", action="store_true", help="with --spread: the shipped set plus each probe "
+                        "feature, and the shipped set fitted per kind")
     args = parser.parse_args(argv)
 
     import torch
@@ -85,6 +92,8 @@ def main(argv: list[str] | None = None) -> int:
         inst.features["presence"] = kept[inst.id][:, None, None].astype(np.float64)
         if args.spread:
             inst.features["response_norm"] = inst.features.pop("norm").sum((1, 2))[:, None, None]
+        if args.probes:
+            inst.features.update(probes(sides[inst.id], kept[inst.id]))
     lambdas, scalings = ((*LAMBDAS, 100.0), ("logprob", "spread")) if args.spread else (LAMBDAS, ("logprob",))
     kinds = np.array([inst.id.split("-")[0] for inst in found])
     show = Printed(args.out)
@@ -94,13 +103,33 @@ def main(argv: list[str] | None = None) -> int:
     show()
     show("| families | all | " + " | ".join(sorted(set(kinds))) + " | lambda | scaling |")
     show("|---|---|" + "---|" * len(set(kinds)) + "---|---|")
-    for families in SETS + (NORM_SETS if args.spread else ()):
+    extra = tuple((*SHIPPED, probe) for probe in PROBES) if args.probes and args.spread else ()
+    for families in SETS + (NORM_SETS if args.spread else ()) + extra:
         scores = {(lam, how): left_out_lds(found, families, lam, how) for lam in lambdas for how in scalings}
         lam, how = max(scores, key=lambda key: (scores[key].mean(), key[0]))
         by_kind = " | ".join(f"{scores[lam, how][kinds == k].mean():.3f}" for k in sorted(set(kinds)))
         show(f"| {' + '.join(families)} | {scores[lam, how].mean():.3f} | {by_kind} | {lam:g} | {how} |")
+    if args.probes and args.spread:
+        alone = {}
+        for kind in sorted(set(kinds)):
+            part = [inst for inst, k in zip(found, kinds) if k == kind]
+            alone[kind] = max(left_out_lds(part, SHIPPED, lam, how).mean() for lam in lambdas for how in scalings)
+        show(f"| {' + '.join(SHIPPED)}, fitted within each kind | — | "
+             + " | ".join(f"{alone[k]:.3f}" for k in sorted(alone)) + " | best per kind | best per kind |")
     show.save()
     return 0
+
+
+def probes(record: dict, presence: np.ndarray) -> dict[str, np.ndarray]:
+    """Per-source probe features [sources, 1, 1] from a side line (ids, prompt_length, spans) and the presence."""
+    spans = np.asarray(record["spans"], dtype=np.float64)
+    count, prompt = len(spans), record["prompt_length"]
+    tokens = spans[:, 1] - spans[:, 0]
+    index = np.arange(count)
+    values = {"place": (index + 0.5) / count, "first": (index == 0) * 1.0, "last": (index == count - 1) * 1.0,
+              "after": prompt - spans[:, 1], "rank": np.argsort(np.argsort(-presence)) / count,
+              "positive": np.maximum(presence, 0.0), "tokens_x_response": tokens * (len(record["ids"]) - prompt)}
+    return {name: value.astype(np.float64)[:, None, None] for name, value in values.items()}
 
 
 def _write(kept: dict[str, np.ndarray], path: Path) -> None:
