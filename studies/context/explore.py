@@ -185,6 +185,13 @@ def checked_side(record, where: str) -> dict:
             "ids": ids, "prompt_length": length, "spans": spans}
 
 
+def add_packed_options(parser: argparse.ArgumentParser) -> None:
+    """``--packed`` and ``--side``, required: the packed instances of a collect run and their side lines (the
+    studies that read them)."""
+    parser.add_argument("--packed", type=Path, nargs="+", required=True, help="explore's packed instances (.npz)")
+    parser.add_argument("--side", type=Path, nargs="+", required=True, help="their side lines (.jsonl or .jsonl.gz)")
+
+
 def read_side(file: Path, repair: bool = False) -> list[dict]:
     """Every line of a side file as a checked record; ``repair`` (collect's own file): a damaged line (a worker
     stopped mid-write) is dropped and the file written again whole, else it is an error naming the line."""

@@ -15,11 +15,11 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 
+from studies.context.explore import add_packed_options
 from studies.settings import Printed, add_out_option
 
 MODES = (("response", "the response's rows"), ("query", "from the context's end"), ("all", "from the first source"))
@@ -28,8 +28,7 @@ MODES = (("response", "the response's rows"), ("query", "from the context's end"
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m studies.context.fidelity", description=__doc__.split("\n\n")[0])
     add_out_option(parser)
-    parser.add_argument("--packed", type=Path, nargs="+", required=True, help="explore's packed instances (.npz)")
-    parser.add_argument("--side", type=Path, nargs="+", required=True, help="their side lines (.jsonl or .jsonl.gz)")
+    add_packed_options(parser)
     parser.add_argument("--count", type=int, default=30, help="the first COUNT contexts in seed order")
     parser.add_argument("--masks", type=int, default=32, help="the masks per context the run kept")
     parser.add_argument("--model", default="smollm2")

@@ -22,6 +22,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from studies.context.explore import add_packed_options
 from studies.settings import Printed, add_out_option
 
 BASE = 7
@@ -31,8 +32,7 @@ MODELS = (("linear", 0), ("mlp", 32), ("mlp", 64))
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m studies.context.learned", description=__doc__.split("\n\n")[0])
     add_out_option(parser)
-    parser.add_argument("--packed", type=Path, nargs="+", required=True, help="explore's packed instances (.npz)")
-    parser.add_argument("--side", type=Path, nargs="+", required=True, help="their side lines (.jsonl or .jsonl.gz)")
+    add_packed_options(parser)
     parser.add_argument("--keep", type=Path, required=True, help="presence's features (.npz, from --keep there)")
     parser.add_argument("--masks", type=int, default=32)
     parser.add_argument("--epochs", type=int, default=150)

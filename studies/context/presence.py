@@ -27,6 +27,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from studies.context.explore import add_packed_options
 from studies.settings import Printed, add_out_option
 
 SETS = (("tokens",), ("presence",), ("tokens", "source_knockout"), ("tokens", "q0"), ("tokens", "presence"),
@@ -40,8 +41,7 @@ LAMBDAS = (0.01, 0.1, 1.0, 10.0)
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m studies.context.presence", description=__doc__.split("\n\n")[0])
     add_out_option(parser)
-    parser.add_argument("--packed", type=Path, nargs="+", required=True, help="explore's packed instances (.npz)")
-    parser.add_argument("--side", type=Path, nargs="+", required=True, help="their side lines (.jsonl or .jsonl.gz)")
+    add_packed_options(parser)
     parser.add_argument("--keep", type=Path, required=True, help="the presence features (.npz), reused by a rerun")
     parser.add_argument("--count", type=int, default=0, help="the first COUNT contexts in seed order (0: all)")
     parser.add_argument("--masks", type=int, default=32)
@@ -110,12 +110,14 @@ def main(argv: list[str] | None = None) -> int:
         by_kind = " | ".join(f"{scores[lam, how][kinds == k].mean():.3f}" for k in sorted(set(kinds)))
         show(f"| {' + '.join(families)} | {scores[lam, how].mean():.3f} | {by_kind} | {lam:g} | {how} |")
     if args.probes and args.spread:
-        alone = {}
-        for kind in sorted(set(kinds)):
+        alone = []
+        for kind in sorted(set(kinds)):  # (cross-validation needs 2 contexts of the kind)
             part = [inst for inst, k in zip(found, kinds) if k == kind]
-            alone[kind] = max(left_out_lds(part, SHIPPED, lam, how).mean() for lam in lambdas for how in scalings)
-        show(f"| {' + '.join(SHIPPED)}, fitted within each kind | — | "
-             + " | ".join(f"{alone[k]:.3f}" for k in sorted(alone)) + " | best per kind | best per kind |")
+            best = max(left_out_lds(part, SHIPPED, lam, how).mean() for lam in lambdas for how in scalings) if len(
+                part) > 1 else None
+            alone.append("—" if best is None else f"{best:.3f}")
+        show(f"| {' + '.join(SHIPPED)}, fitted within each kind | — | {' | '.join(alone)} | best per kind | best per "
+             "kind |")
     show.save()
     return 0
 

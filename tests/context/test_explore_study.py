@@ -21,7 +21,7 @@ from normx.core.handle import model_handle
 from normx.data.contexts import context_examples
 from normx.methods.calibrated import training
 from normx.methods.decoder.knockout import hidden_source_outcomes
-from studies.context import explore, fidelity, presence
+from studies.context import explore, fidelity, learned, presence
 
 SHARED = locations.SHARED
 FAMILIES = "attention,norm,logit,tokens,source_knockout"
@@ -124,6 +124,26 @@ def test_collect_keeps_instances_and_drops_and_report_prints_the_table(folder, t
     assert len(rows) == len(presence.SETS) and all(-1 <= float(r.split(" | ")[1]) <= 1 for r in rows)
     assert presence.main([*args, "--model", str(tmp_path / "no-model-here")]) == 0
     assert capsys.readouterr().out.split("\n")[2:] == table.split("\n")[2:]  # (the first line times the run)
+    # with --spread --probes: the response_norm sets, the shipped set with each probe, and the per-kind fit
+    assert presence.main([*args, "--model", str(tmp_path / "no-model-here"), "--spread", "--probes"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "families" not in line]
+    assert len(rows) == len(presence.SETS) + len(presence.NORM_SETS) + len(presence.PROBES) + 1
+    assert all(-1 <= float(v) <= 1 for r in rows[:-1] for v in r.split(" | ")[1:4])
+    assert rows[-1].startswith("| tokens + presence + response_norm, fitted within each kind | — | — | — |")  # 1 each
+    features = presence.probes(records[0], np.arange(len(records[0]["spans"]), dtype=float))
+    spans = np.array(records[0]["spans"])
+    np.testing.assert_array_equal(features["after"][:, 0, 0], records[0]["prompt_length"] - spans[:, 1])
+    np.testing.assert_array_equal(features["rank"][:, 0, 0], np.arange(len(spans))[::-1] / len(spans))
+    # studies/context/learned.py on the same run and kept presence: its table, deterministic
+    learned_args = ["--packed", str(tmp_path / "part.npz"), "--side", str(tmp_path / "side.jsonl.gz"), "--masks",
+                    "8", "--keep", str(keep), "--threads", "1", "--epochs", "2"]
+    assert learned.main(learned_args) == 0
+    table = capsys.readouterr().out
+    rows = [line for line in table.splitlines() if line.startswith("| ") and "estimator" not in line]
+    assert len(rows) == 2 * len(learned.MODELS) and all(-1 <= float(r.split(" | ")[2]) <= 1 for r in rows)
+    assert learned.main(learned_args) == 0
+    assert capsys.readouterr().out == table
+    assert learned.main([*learned_args[:-6], "--keep", str(tmp_path / "none.npz")]) == 2
 
 
 def test_damaged_side_lines_are_errors_for_report_and_dropped_by_collect(tmp_path, capsys):
