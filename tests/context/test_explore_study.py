@@ -21,7 +21,7 @@ from normx.core.handle import model_handle
 from normx.data.contexts import context_examples
 from normx.methods.calibrated import training
 from normx.methods.decoder.knockout import hidden_source_outcomes
-from studies.context import explore, fidelity, learned, presence
+from studies.context import explore, few, fidelity, learned, presence
 
 SHARED = locations.SHARED
 FAMILIES = "attention,norm,logit,tokens,source_knockout"
@@ -144,6 +144,16 @@ def test_collect_keeps_instances_and_drops_and_report_prints_the_table(folder, t
     assert learned.main(learned_args) == 0
     assert capsys.readouterr().out == table
     assert learned.main([*learned_args[:-6], "--keep", str(tmp_path / "none.npz")]) == 2
+    # studies/context/few.py: LASSO on K of the masks, the prior, the prior corrected by K; the correction closed form
+    assert few.main(learned_args[:-4]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "reading" not in line]
+    assert len(rows) == 1 + len(few.COUNTS) * (1 + len(few.PULLS))
+    assert all(-1 <= float(r.split(" | ")[2]) <= 1 for r in rows)
+    rng = np.random.default_rng(0)
+    x, prior, delta = rng.integers(0, 2, (10, 4)).astype(float), rng.normal(size=4), np.array([1.0, 0.0, -1.0, 0.5])
+    y = 0.5 + x @ (prior + delta)
+    np.testing.assert_allclose(few.toward(x, y, prior, 1e-9), prior + delta, atol=1e-5)
+    np.testing.assert_allclose(few.toward(x, y, prior, 1e9), prior, atol=1e-6)
 
 
 def test_damaged_side_lines_are_errors_for_report_and_dropped_by_collect(tmp_path, capsys):

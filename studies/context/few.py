@@ -1,0 +1,129 @@
+"""How many real removals is the one-pass reading worth? (#46) On the contexts an earlier ``studies.context.explore
+collect`` kept, with the presence features ``studies.context.presence --keep`` wrote: each context's 32 masks cut
+into 4 contiguous folds as ``explore report``'s LASSO reference cuts them (scored by the Spearman correlation on the
+fold's 8 masks, averaged over the folds), and from the other 24 the first K used as the only ablations:
+
+- ``LASSO, K``: ContextCite's form (a LASSO, alpha 0.01, with an intercept) on those K;
+- ``prior``: the shipped families (``tokens`` + ``presence`` + ``response_norm``, lambda 10, spread scaling) fitted
+  by the ridge on the other contexts (5 folds over contexts) and put in nats (``fit.in_nats``): no ablation;
+- ``prior + K``: the prior corrected by those K, a ridge toward it (each source's score = prior + delta, delta
+  penalised by ``lambda`` in nats squared, the intercept free).
+
+Deterministic::
+
+    python -m studies.context.few --packed gpu_train_0.npz gpu_train_1.npz --side gpu_side.jsonl.gz \\
+        --keep FILE.npz --out FILE
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+
+from studies.context.explore import add_packed_options
+from studies.settings import Printed, add_out_option
+
+SHIPPED = ("tokens", "presence", "response_norm")
+COUNTS = (4, 8, 16, 24)
+PULLS = (0.3, 1.0, 3.0)
+MASK_FOLDS = 4
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m studies.context.few", description=__doc__.split("\n\n")[0])
+    add_out_option(parser)
+    add_packed_options(parser)
+    parser.add_argument("--keep", type=Path, required=True, help="presence's features (.npz, from --keep there)")
+    parser.add_argument("--masks", type=int, default=32)
+    args = parser.parse_args(argv)
+
+    from normx.errors import NormxError
+    from studies.context.explore import study_instances
+
+    try:
+        found, _ = study_instances(SimpleNamespace(packed=args.packed, side=args.side, out=None, masks=args.masks),
+                                   ["tokens", "norm"])
+        kept = dict(np.load(args.keep))
+    except (NormxError, OSError) as error:
+        print(f"few: error: {error}", file=sys.stderr)
+        return 2
+    if any(inst.id not in kept for inst in found):
+        print(f"few: error: {args.keep} lacks some contexts' presence: run studies.context.presence with it first",
+              file=sys.stderr)
+        return 2
+    for inst in found:
+        inst.features["presence"] = kept[inst.id][:, None, None].astype(np.float64)
+        inst.features["response_norm"] = inst.features.pop("norm").sum((1, 2))[:, None, None]
+    priors = prior_scores(found)
+    rows = {"prior": [], **{f"LASSO, {k}": [] for k in COUNTS},
+            **{f"prior + {k} (lambda {pull:g})": [] for k in COUNTS for pull in PULLS}}
+    for inst, prior in zip(found, priors):
+        for name, value in scores_of(inst, prior).items():
+            rows[name].append(value)
+    kinds = np.array([inst.id.split("-")[0] for inst in found])
+    show = Printed(args.out)
+    show(f"{len(found)} contexts, {args.masks} masks each in {MASK_FOLDS} folds (each scored on its masks, the "
+         "ablations taken from the others); Spearman on the fold's masks, mean over folds and contexts")
+    show()
+    show("| reading | real removals | all | " + " | ".join(sorted(set(kinds))) + " |")
+    show("|---|---|---|" + "---|" * len(set(kinds)))
+    for name, values in rows.items():
+        values = np.asarray(values)
+        count = "0" if name == "prior" else name.split(", ")[-1].split(" + ")[-1].split(" ")[0]
+        by_kind = " | ".join(f"{values[kinds == k].mean():.3f}" for k in sorted(set(kinds)))
+        show(f"| {name} | {count} | {values.mean():.3f} | {by_kind} |")
+    show.save()
+    return 0
+
+
+def prior_scores(instances: list) -> list[np.ndarray]:
+    """Each instance's per-source scores in nats from the shipped families, fitted on the other folds."""
+    from normx.methods.calibrated.fit import centred_ridge, folds_of, in_nats
+
+    scores = [None] * len(instances)
+    for left in folds_of(len(instances), 5):
+        held = set(left.tolist())
+        train = [inst for i, inst in enumerate(instances) if i not in held]
+        theta, _ = in_nats(train, SHIPPED, centred_ridge(train, SHIPPED, 10.0, "spread"))
+        for i in left:
+            features = instances[i].features
+            scores[i] = np.concatenate([features[f].reshape(len(features[f]), -1) for f in SHIPPED], 1) @ theta
+    return scores
+
+
+def scores_of(inst, prior: np.ndarray) -> dict[str, float]:
+    """Every reading's Spearman on the held-out fold of masks, averaged over the mask folds."""
+    from normx.methods.ablation.lasso import lasso
+    from normx.methods.calibrated.fit import spearman
+
+    x, y = inst.masks.astype(np.float64), np.asarray(inst.y, np.float64)
+    out: dict[str, list[float]] = {}
+
+    def add(name, weights, test):
+        out.setdefault(name, []).append(spearman(x[test] @ weights, y[test]))
+
+    for test in np.array_split(np.arange(len(y)), MASK_FOLDS):
+        train = np.setdiff1d(np.arange(len(y)), test)
+        add("prior", prior, test)
+        for k in COUNTS:
+            some = train[:k]
+            add(f"LASSO, {k}", lasso(x[some], y[some], 0.01)[0], test)
+            for pull in PULLS:
+                add(f"prior + {k} (lambda {pull:g})", toward(x[some], y[some], prior, pull), test)
+    return {name: float(np.mean(values)) for name, values in out.items()}
+
+
+def toward(x: np.ndarray, y: np.ndarray, prior: np.ndarray, pull: float) -> np.ndarray:
+    """prior + delta minimising ||y - b - x (prior + delta)||^2 + pull ||delta||^2 (the intercept b free)."""
+    design = np.c_[np.ones(len(y)), x]
+    penalty = np.diag(np.r_[0.0, np.full(x.shape[1], pull)])
+    solution = np.linalg.solve(design.T @ design + penalty + 1e-9 * np.eye(len(penalty)), design.T @ (y - x @ prior))
+    return prior + solution[1:]
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
