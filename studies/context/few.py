@@ -9,10 +9,14 @@ fold's 8 masks, averaged over the folds), and from the other 24 the first K used
 - ``prior + K``: the prior corrected by those K, a ridge toward it (each source's score = prior + delta, delta
   penalised by ``lambda`` in nats squared, the intercept free).
 
-Deterministic::
+``--records`` reads held-out contexts instead (an ``evaluate context`` / ``studies.context.calibrate --phase
+heldout`` run's contexts.jsonl): the prior is the scores of the reading named by ``--prior`` there, the ablations
+come from the LDS masks (the same folds), and ContextCite-32's own scores, when recorded, are scored on the folds
+too. Deterministic::
 
     python -m studies.context.few --packed gpu_train_0.npz gpu_train_1.npz --side gpu_side.jsonl.gz \\
         --keep FILE.npz --out FILE
+    python -m studies.context.few --records DIR/contexts.jsonl --prior calibrated_attention --out FILE
 """
 
 from __future__ import annotations
@@ -24,7 +28,6 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from studies.context.explore import add_packed_options
 from studies.settings import Printed, add_out_option
 
 SHIPPED = ("tokens", "presence", "response_norm")
@@ -36,10 +39,18 @@ MASK_FOLDS = 4
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m studies.context.few", description=__doc__.split("\n\n")[0])
     add_out_option(parser)
-    add_packed_options(parser)
-    parser.add_argument("--keep", type=Path, required=True, help="presence's features (.npz, from --keep there)")
+    parser.add_argument("--packed", type=Path, nargs="+", help="explore's packed instances (.npz)")
+    parser.add_argument("--side", type=Path, nargs="+", help="their side lines (.jsonl or .jsonl.gz)")
+    parser.add_argument("--keep", type=Path, help="presence's features (.npz, from --keep there)")
     parser.add_argument("--masks", type=int, default=32)
+    parser.add_argument("--records", type=Path, help="held-out records (contexts.jsonl) instead of --packed")
+    parser.add_argument("--prior", default="calibrated_attention", help="with --records: the reading used as prior")
+    parser.add_argument("--seed", type=int, default=0, help="with --records: the run's seed (its LDS masks)")
     args = parser.parse_args(argv)
+    if args.records:
+        return held_out(args)
+    if not (args.packed and args.side and args.keep):
+        parser.error("--packed, --side and --keep are needed (or --records)")
 
     from normx.errors import NormxError
     from studies.context.explore import study_instances
@@ -69,15 +80,57 @@ def main(argv: list[str] | None = None) -> int:
     show(f"{len(found)} contexts, {args.masks} masks each in {MASK_FOLDS} folds (each scored on its masks, the "
          "ablations taken from the others); Spearman on the fold's masks, mean over folds and contexts")
     show()
+    table(show, rows, kinds)
+    return 0
+
+
+def held_out(args) -> int:
+    """The same folds on held-out records: the prior their ``--prior`` reading, the ablations the LDS masks."""
+    import json
+
+    from normx.evaluation.context.metrics import lds_masks
+
+    contexts: dict[str, dict] = {}
+    try:
+        for line in args.records.read_text(encoding="utf-8").splitlines():
+            record = json.loads(line)  # a later line of a context adds its readings
+            known = contexts.setdefault(record["id"], {"readings": {}})
+            known.update(sources=record["sources"], y=record["lds_log_p"])
+            known["readings"].update(record["readings"])
+    except (OSError, ValueError, KeyError) as error:
+        print(f"few: error: {args.records}: {error}", file=sys.stderr)
+        return 2
+    missing = [name for name, known in contexts.items() if args.prior not in known["readings"]]
+    if missing or not contexts:
+        print(f"few: error: no {args.prior!r} reading for {missing[:3] or 'any context'}", file=sys.stderr)
+        return 2
+    rows: dict[str, list[float]] = {}
+    for known in contexts.values():
+        inst = SimpleNamespace(masks=lds_masks(known["sources"], len(known["y"]), args.seed), y=known["y"])
+        found = scores_of(inst, np.asarray(known["readings"][args.prior]["scores"], np.float64))
+        if "contextcite@32" in known["readings"]:
+            found["contextcite@32 (its own 32 ablations)"] = scores_of(
+                inst, np.asarray(known["readings"]["contextcite@32"]["scores"], np.float64))["prior"]
+        for name, value in found.items():
+            rows.setdefault(name, []).append(value)
+    show = Printed(args.out)
+    show(f"{len(contexts)} held-out contexts ({args.records}), the prior {args.prior!r}, {len(known['y'])} LDS masks "
+         f"each in {MASK_FOLDS} folds; Spearman on the fold's masks, mean over folds and contexts")
+    show()
+    table(show, rows, np.array([name.split("-")[0] for name in contexts]))
+    return 0
+
+
+def table(show, rows: dict[str, list[float]], kinds: np.ndarray) -> None:
     show("| reading | real removals | all | " + " | ".join(sorted(set(kinds))) + " |")
     show("|---|---|---|" + "---|" * len(set(kinds)))
     for name, values in rows.items():
         values = np.asarray(values)
-        count = "0" if name == "prior" else name.split(", ")[-1].split(" + ")[-1].split(" ")[0]
+        count = "0" if name == "prior" else "32" if "@32" in name else name.split(" + ")[-1].split(", ")[-1].split(
+            " ")[0]
         by_kind = " | ".join(f"{values[kinds == k].mean():.3f}" for k in sorted(set(kinds)))
         show(f"| {name} | {count} | {values.mean():.3f} | {by_kind} |")
     show.save()
-    return 0
 
 
 def prior_scores(instances: list) -> list[np.ndarray]:

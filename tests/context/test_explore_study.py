@@ -19,7 +19,9 @@ import normx
 from normx._torch import torch
 from normx.core.handle import model_handle
 from normx.data.contexts import context_examples
+from normx.evaluation.context.metrics import lds_masks
 from normx.methods.calibrated import training
+from normx.methods.calibrated.fit import spearman
 from normx.methods.decoder.knockout import hidden_source_outcomes
 from studies.context import explore, few, fidelity, learned, presence
 
@@ -154,6 +156,20 @@ def test_collect_keeps_instances_and_drops_and_report_prints_the_table(folder, t
     y = 0.5 + x @ (prior + delta)
     np.testing.assert_allclose(few.toward(x, y, prior, 1e-9), prior + delta, atol=1e-5)
     np.testing.assert_allclose(few.toward(x, y, prior, 1e9), prior, atol=1e-6)
+    # --records: held-out records (two lines for one context: the second adds a reading), the prior's row by hand
+    masks = lds_masks(4, 32, 0)
+    outcome = masks @ np.array([2.0, -1.0, 0.5, 0.0]) + rng.normal(scale=0.3, size=32)
+    lines = [{"id": "qa-heldout-0", "sources": 4, "lds_log_p": outcome.tolist(),
+              "readings": {"calibrated_attention": {"scores": [1.0, -1.0, 0.0, 0.0]}}},
+             {"id": "qa-heldout-0", "sources": 4, "lds_log_p": outcome.tolist(),
+              "readings": {"contextcite@32": {"scores": [2.0, -1.0, 0.5, 0.0]}}}]
+    (tmp_path / "records.jsonl").write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    assert few.main(["--records", str(tmp_path / "records.jsonl")]) == 0
+    rows = {r.split(" | ")[0][2:]: float(r.split(" | ")[2]) for r in capsys.readouterr().out.splitlines()
+            if r.startswith("| ") and "reading" not in r}
+    want = np.mean([spearman(masks[t] @ [1.0, -1.0, 0.0, 0.0], outcome[t]) for t in np.array_split(np.arange(32), 4)])
+    assert rows["prior"] == pytest.approx(want, abs=5e-4) and "contextcite@32 (its own 32 ablations)" in rows
+    assert few.main(["--records", str(tmp_path / "records.jsonl"), "--prior", "nothing"]) == 2
 
 
 def test_damaged_side_lines_are_errors_for_report_and_dropped_by_collect(tmp_path, capsys):
