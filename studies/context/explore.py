@@ -251,16 +251,25 @@ def packed_instances(files: list[Path], families: list[str]) -> list[tuple[int, 
     return found
 
 
-def study_instances(args, families: list[str]) -> tuple[list, list[str]]:
+def packed_study(packed: list[Path], side: list[Path], masks: int, families: list[str]) -> tuple[list, dict]:
+    """A packed run's checked instances (:func:`study_instances`) and its side records by context id, the side
+    files read once (the studies that read a packed run)."""
+    sides = [r for f in side for r in read_side(f)]
+    found, _ = study_instances(argparse.Namespace(packed=packed, side=side, out=None, masks=masks), families, sides)
+    return found, {record["id"]: record for record in sides}
+
+
+def study_instances(args, families: list[str], sides: list[dict] | None = None) -> tuple[list, list[str]]:
     """The instances with the side drops as the ``q0`` feature, ordered by seed, checked (features one row a source,
-    masks the ones their seed draws); and what was left out, said."""
+    masks the ones their seed draws); and what was left out, said. ``sides``: the packed run's side records, when
+    already read."""
     from normx.errors import InvalidInputError
     from normx.methods.calibrated import training
 
     if args.packed:
         if not args.side:
             raise InvalidInputError("--packed needs the run's side lines: --side FILE")
-        sides = [r for f in args.side for r in read_side(f)]
+        sides = [r for f in args.side for r in read_side(f)] if sides is None else sides
         pairs = packed_instances(args.packed, families)
     else:
         sides = [r for f in sorted(args.out.glob("side_*.jsonl")) for r in read_side(f)]

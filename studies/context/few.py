@@ -53,28 +53,19 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--packed, --side and --keep are needed (or --records)")
 
     from normx.errors import NormxError
-    from studies.context.explore import study_instances
+    from studies.context.explore import packed_study
+    from studies.context.presence import attach
 
     try:
-        found, _ = study_instances(SimpleNamespace(packed=args.packed, side=args.side, out=None, masks=args.masks),
-                                   ["tokens", "norm"])
-        kept = dict(np.load(args.keep))
+        found, _ = packed_study(args.packed, args.side, args.masks, ["tokens", "norm"])
+        attach(found, dict(np.load(args.keep)), args.keep, response_norm=True)
     except (NormxError, OSError) as error:
         print(f"few: error: {error}", file=sys.stderr)
         return 2
-    if any(inst.id not in kept for inst in found):
-        print(f"few: error: {args.keep} lacks some contexts' presence: run studies.context.presence with it first",
-              file=sys.stderr)
-        return 2
-    for inst in found:
-        inst.features["presence"] = kept[inst.id][:, None, None].astype(np.float64)
-        inst.features["response_norm"] = inst.features.pop("norm").sum((1, 2))[:, None, None]
-    priors = prior_scores(found)
-    rows = {"prior": [], **{f"LASSO, {k}": [] for k in COUNTS},
-            **{f"prior + {k} (lambda {pull:g})": [] for k in COUNTS for pull in PULLS}}
-    for inst, prior in zip(found, priors):
-        for name, value in scores_of(inst, prior).items():
-            rows[name].append(value)
+    rows: dict[tuple[str, int], list[float]] = {}
+    for inst, prior in zip(found, prior_scores(found)):
+        for key, value in scores_of(inst, prior).items():
+            rows.setdefault(key, []).append(value)
     kinds = np.array([inst.id.split("-")[0] for inst in found])
     show = Printed(args.out)
     show(f"{len(found)} contexts, {args.masks} masks each in {MASK_FOLDS} folds (each scored on its masks, the "
@@ -104,30 +95,30 @@ def held_out(args) -> int:
     if missing or not contexts:
         print(f"few: error: no {args.prior!r} reading for {missing[:3] or 'any context'}", file=sys.stderr)
         return 2
-    rows: dict[str, list[float]] = {}
+    rows: dict[tuple[str, int], list[float]] = {}
     for known in contexts.values():
         inst = SimpleNamespace(masks=lds_masks(known["sources"], len(known["y"]), args.seed), y=known["y"])
         found = scores_of(inst, np.asarray(known["readings"][args.prior]["scores"], np.float64))
         if "contextcite@32" in known["readings"]:
-            found["contextcite@32 (its own 32 ablations)"] = scores_of(
-                inst, np.asarray(known["readings"]["contextcite@32"]["scores"], np.float64))["prior"]
-        for name, value in found.items():
-            rows.setdefault(name, []).append(value)
+            found["contextcite@32 (its own 32 ablations)", 32] = scores_of(
+                inst, np.asarray(known["readings"]["contextcite@32"]["scores"], np.float64))["prior", 0]
+        for key, value in found.items():
+            rows.setdefault(key, []).append(value)
+    masks = {len(known["y"]) for known in contexts.values()}
     show = Printed(args.out)
-    show(f"{len(contexts)} held-out contexts ({args.records}), the prior {args.prior!r}, {len(known['y'])} LDS masks "
-         f"each in {MASK_FOLDS} folds; Spearman on the fold's masks, mean over folds and contexts")
+    show(f"{len(contexts)} held-out contexts ({args.records}), the prior {args.prior!r}, {'/'.join(map(str, masks))} "
+         f"LDS masks each in {MASK_FOLDS} folds; Spearman on the fold's masks, mean over folds and contexts")
     show()
     table(show, rows, np.array([name.split("-")[0] for name in contexts]))
     return 0
 
 
-def table(show, rows: dict[str, list[float]], kinds: np.ndarray) -> None:
+def table(show, rows: dict[tuple[str, int], list[float]], kinds: np.ndarray) -> None:
+    """The rows {(reading, real removals): each context's score}, all and per kind, printed and saved."""
     show("| reading | real removals | all | " + " | ".join(sorted(set(kinds))) + " |")
     show("|---|---|---|" + "---|" * len(set(kinds)))
-    for name, values in rows.items():
+    for (name, count), values in rows.items():
         values = np.asarray(values)
-        count = "0" if name == "prior" else "32" if "@32" in name else name.split(" + ")[-1].split(", ")[-1].split(
-            " ")[0]
         by_kind = " | ".join(f"{values[kinds == k].mean():.3f}" for k in sorted(set(kinds)))
         show(f"| {name} | {count} | {values.mean():.3f} | {by_kind} |")
     show.save()
@@ -148,26 +139,26 @@ def prior_scores(instances: list) -> list[np.ndarray]:
     return scores
 
 
-def scores_of(inst, prior: np.ndarray) -> dict[str, float]:
-    """Every reading's Spearman on the held-out fold of masks, averaged over the mask folds."""
+def scores_of(inst, prior: np.ndarray) -> dict[tuple[str, int], float]:
+    """{(reading, real removals): its Spearman on the held-out fold of masks, averaged over the mask folds}."""
     from normx.methods.ablation.lasso import lasso
     from normx.methods.calibrated.fit import spearman
 
     x, y = inst.masks.astype(np.float64), np.asarray(inst.y, np.float64)
-    out: dict[str, list[float]] = {}
+    out: dict[tuple[str, int], list[float]] = {}
 
-    def add(name, weights, test):
-        out.setdefault(name, []).append(spearman(x[test] @ weights, y[test]))
+    def add(name, count, weights, test):
+        out.setdefault((name, count), []).append(spearman(x[test] @ weights, y[test]))
 
     for test in np.array_split(np.arange(len(y)), MASK_FOLDS):
         train = np.setdiff1d(np.arange(len(y)), test)
-        add("prior", prior, test)
+        add("prior", 0, prior, test)
         for k in COUNTS:
             some = train[:k]
-            add(f"LASSO, {k}", lasso(x[some], y[some], 0.01)[0], test)
+            add(f"LASSO, {k}", k, lasso(x[some], y[some], 0.01)[0], test)
             for pull in PULLS:
-                add(f"prior + {k} (lambda {pull:g})", toward(x[some], y[some], prior, pull), test)
-    return {name: float(np.mean(values)) for name, values in out.items()}
+                add(f"prior + {k} (lambda {pull:g})", k, toward(x[some], y[some], prior, pull), test)
+    return {key: float(np.mean(values)) for key, values in out.items()}
 
 
 def toward(x: np.ndarray, y: np.ndarray, prior: np.ndarray, pull: float) -> np.ndarray:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from types import SimpleNamespace
 
 import numpy as np
 
@@ -45,13 +44,11 @@ def main(argv: list[str] | None = None) -> int:
     from normx.errors import NormxError
     from normx.methods.calibrated.fit import spearman
     from normx.methods.decoder.rereads import masked_rereads
-    from studies.context.explore import read_side, study_instances
+    from studies.context.explore import packed_study
 
     torch.set_num_threads(args.threads)
     try:
-        found, _ = study_instances(SimpleNamespace(packed=args.packed, side=args.side, out=None, masks=args.masks),
-                                   ["tokens"])
-        sides = {r["id"]: r for f in args.side for r in read_side(f)}
+        found, sides = packed_study(args.packed, args.side, args.masks, ["tokens"])
     except NormxError as error:
         print(f"fidelity: error: {error}", file=sys.stderr)
         return 2

@@ -6,8 +6,9 @@ prediction under a mask is the kept sources' scores summed (the form every normx
 source: its tokens (log, share of the context's, raw), its presence (raw, over the context's spread, share of the
 context's sizes), its ``norm`` and ``attention`` summed over blocks and heads (shares) and per block (shares over the
 sources), its place (relative, first, last), the context's number of sources and the response's length (log).
-``--columns base`` keeps the first seven (tokens and presence only). 5 folds over contexts as ``presence``'s, each
-fold seeded; the LDS of the left-out contexts, all and per kind. Deterministic for a given thread count::
+Each estimator on all of them and on the first seven (tokens and presence only). 5 folds over contexts as
+``presence``'s, each fold seeded; the LDS of the left-out contexts, all and per kind. Deterministic for a given
+thread count::
 
     OMP_NUM_THREADS=2 python -m studies.context.learned --packed gpu_train_0.npz gpu_train_1.npz \\
         --side gpu_side.jsonl.gz --keep FILE.npz --out FILE
@@ -18,7 +19,6 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 
@@ -42,23 +42,17 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from normx.errors import NormxError
-    from studies.context.explore import read_side, study_instances
+    from studies.context.explore import packed_study
+    from studies.context.presence import attach
 
     torch.set_num_threads(args.threads)
     try:
-        found, _ = study_instances(SimpleNamespace(packed=args.packed, side=args.side, out=None, masks=args.masks),
-                                   ["tokens", "norm", "attention"])
-        sides = {r["id"]: r for f in args.side for r in read_side(f)}
-        kept = dict(np.load(args.keep))
+        found, sides = packed_study(args.packed, args.side, args.masks, ["tokens", "norm", "attention"])
+        attach(found, dict(np.load(args.keep)), args.keep)
     except (NormxError, OSError) as error:
         print(f"learned: error: {error}", file=sys.stderr)
         return 2
-    missing = [inst.id for inst in found if inst.id not in kept]
-    if missing:
-        print(f"learned: error: {args.keep} has no presence for {len(missing)} contexts ({missing[0]}, ...): run "
-              "studies.context.presence with it first", file=sys.stderr)
-        return 2
-    features = [source_features(inst, sides[inst.id], kept[inst.id]) for inst in found]
+    features = [source_features(inst, sides[inst.id]) for inst in found]
     kinds = np.array([inst.id.split("-")[0] for inst in found])
     show = Printed(args.out)
     show(f"{len(found)} contexts, {args.masks} masks each, {features[0].shape[1]} features a source; 5-fold "
@@ -77,9 +71,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def source_features(inst, record: dict, presence: np.ndarray) -> np.ndarray:
-    """[sources, 73] float32, the module docstring's features in its order (the first ``BASE`` tokens' and
-    presence's)."""
+def source_features(inst, record: dict) -> np.ndarray:
+    """[sources, 73] float32 from an instance's ``norm``, ``attention`` and ``presence`` families and its side record,
+    the module docstring's features in its order (the first ``BASE`` tokens' and presence's)."""
+    presence = inst.features["presence"][:, 0, 0]
     spans = np.asarray(record["spans"], dtype=np.float64)
     count, response = len(spans), len(record["ids"]) - record["prompt_length"]
     tokens = spans[:, 1] - spans[:, 0]
@@ -98,10 +93,11 @@ def source_features(inst, record: dict, presence: np.ndarray) -> np.ndarray:
 
 
 def left_out(features: list[np.ndarray], instances: list, kind: str, hidden: int, epochs: int) -> np.ndarray:
-    """Each context's LDS when its fold is left out (5 folds: context i in fold i mod 5), the estimator trained on
-    the other folds with a Pearson loss per context."""
+    """Each context's LDS when its fold is left out (the 5 contiguous folds of :func:`~normx.methods.calibrated.fit.
+    folds_of`, as ``presence``'s), the estimator trained on the other folds with a Pearson loss per context."""
     import torch
-    from scipy.stats import spearmanr
+
+    from normx.methods.calibrated.fit import folds_of, spearman
 
     count, width = len(features), features[0].shape[1]
     most = max(f.shape[0] for f in features)
@@ -113,10 +109,9 @@ def left_out(features: list[np.ndarray], instances: list, kind: str, hidden: int
         x[i, :len(f)] = torch.from_numpy(f)
         kept[i, :, :len(f)] = torch.from_numpy(inst.masks.astype(np.float32))
         y[i] = torch.from_numpy(inst.y.astype(np.float32))
-    folds = np.arange(count) % 5
     lds = np.zeros(count)
-    for fold in range(5):
-        train, test = np.flatnonzero(folds != fold), np.flatnonzero(folds == fold)
+    for fold, test in enumerate(folds_of(count, 5)):
+        train = np.setdiff1d(np.arange(count), test)
         torch.manual_seed(fold)
         model = torch.nn.Linear(width, 1) if kind == "linear" else torch.nn.Sequential(
             torch.nn.Linear(width, hidden), torch.nn.GELU(), torch.nn.Linear(hidden, hidden), torch.nn.GELU(),
@@ -134,7 +129,7 @@ def left_out(features: list[np.ndarray], instances: list, kind: str, hidden: int
         with torch.no_grad():
             predicted = torch.einsum("bmn,bn->bm", kept[test], model(x[test]).squeeze(-1))
         for i, row in zip(test, predicted.numpy()):
-            lds[i] = spearmanr(row, y[i].numpy())[0]
+            lds[i] = spearman(row, y[i].numpy())
     return lds
 
 

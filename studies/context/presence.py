@@ -23,7 +23,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 
@@ -60,13 +59,12 @@ def main(argv: list[str] | None = None) -> int:
     from normx.errors import NormxError
     from normx.methods.calibrated import training
     from normx.methods.calibrated.fit import left_out_lds
-    from studies.context.explore import read_side, study_instances
+    from studies.context.explore import packed_study
 
     torch.set_num_threads(args.threads)
     try:
-        found, _ = study_instances(SimpleNamespace(packed=args.packed, side=args.side, out=None, masks=args.masks),
-                                   ["tokens", "source_knockout", *(["norm"] if args.spread else [])])
-        sides = {r["id"]: r for f in args.side for r in read_side(f)}
+        found, sides = packed_study(args.packed, args.side, args.masks,
+                                    ["tokens", "source_knockout", *(["norm"] if args.spread else [])])
     except NormxError as error:
         print(f"presence: error: {error}", file=sys.stderr)
         return 2
@@ -85,14 +83,13 @@ def main(argv: list[str] | None = None) -> int:
                 _write(kept, args.keep)
     _write(kept, args.keep)
     seconds = time.perf_counter() - began
-    for inst in found:
-        if kept[inst.id].shape != (inst.masks.shape[1],):
-            print(f"presence: error: {args.keep} holds {kept[inst.id].shape} for {inst.id}", file=sys.stderr)
-            return 2
-        inst.features["presence"] = kept[inst.id][:, None, None].astype(np.float64)
-        if args.spread:
-            inst.features["response_norm"] = inst.features.pop("norm").sum((1, 2))[:, None, None]
-        if args.probes:
+    try:
+        attach(found, kept, args.keep, response_norm=args.spread)
+    except NormxError as error:
+        print(f"presence: error: {error}", file=sys.stderr)
+        return 2
+    if args.probes:
+        for inst in found:
             inst.features.update(probes(sides[inst.id], kept[inst.id]))
     lambdas, scalings = ((*LAMBDAS, 100.0), ("logprob", "spread")) if args.spread else (LAMBDAS, ("logprob",))
     kinds = np.array([inst.id.split("-")[0] for inst in found])
@@ -120,6 +117,22 @@ def main(argv: list[str] | None = None) -> int:
              "kind |")
     show.save()
     return 0
+
+
+def attach(found: list, kept: dict[str, np.ndarray], path: Path, response_norm: bool = False) -> None:
+    """Each instance's ``presence`` feature from ``kept`` (read from ``path``; one value a source, every context
+    there, else an InvalidInputError naming the file), and with ``response_norm`` its ``norm`` family summed over
+    blocks and heads in that family's place."""
+    from normx.errors import InvalidInputError
+
+    for inst in found:
+        if inst.id not in kept:
+            raise InvalidInputError(f"{path} has no presence for {inst.id}: run studies.context.presence with it first")
+        if kept[inst.id].shape != (inst.masks.shape[1],):
+            raise InvalidInputError(f"{path} holds {kept[inst.id].shape} for {inst.id}")
+        inst.features["presence"] = kept[inst.id][:, None, None].astype(np.float64)
+        if response_norm:
+            inst.features["response_norm"] = inst.features.pop("norm").sum((1, 2))[:, None, None]
 
 
 def probes(record: dict, presence: np.ndarray) -> dict[str, np.ndarray]:
