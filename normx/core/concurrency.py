@@ -169,7 +169,19 @@ def pause(model: nn.Module) -> None:
 
 
 def _training_modules(model: nn.Module) -> list[nn.Module]:
-    return [module for module in model.modules() if module.training]
+    """Every module of ``model`` in training mode, read on each call (a user may switch any module between two calls),
+    walking the children directly: ``model.modules()`` builds every module's name and costs more than a small model's
+    forward pass on a short text."""
+    found, stack, seen = [], [model], set()
+    while stack:
+        module = stack.pop()
+        if id(module) in seen:
+            continue
+        seen.add(id(module))
+        if module.training:
+            found.append(module)
+        stack.extend(child for child in module._modules.values() if child is not None)
+    return found
 
 
 @contextmanager

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from normx._torch import torch
+from normx.core.vocabulary import vocabulary_names
 from normx.errors import UnknownTargetError, UnsupportedModelError
 from normx.models import HeadKind
 
@@ -23,6 +24,16 @@ class HeadColumns:
     vocab: torch.Tensor | None
     targets: torch.Tensor
     foil: torch.Tensor | None
+
+
+@dataclass(frozen=True)
+class Read:
+    """What :meth:`LabelSpace.read` reads of N rows of a head's logits."""
+
+    labels: list[str | float]  # the top label (the regression score)
+    probabilities: list[dict[str, float]]  # the shown labels' probabilities (none for regression)
+    best: list[int]  # the top column
+    wanted: list[list[float]]  # the probability of each requested column
 
 
 class LabelSpace:
@@ -67,15 +78,45 @@ class LabelSpace:
         """``(prediction, probabilities)`` of one text from its head's logits [C]: the regression score and no
         probabilities; else the top label and the probability of every class (sigmoid for multi-label heads,
         softmax otherwise), or of a vocabulary head's top tokens and the explained ``columns``."""
+        read = self.read(logits[None], [columns])
+        return read.labels[0], read.probabilities[0]
+
+    def read(self, logits: torch.Tensor, columns: list[list[int]]) -> Read:
+        """:meth:`prediction` for each row of ``logits`` [N, C] with its own ``columns``, read off the device in one
+        go (one top-k and one copy for all rows, not one per row). A vocabulary head's probabilities are those of
+        the shown tokens only, exp(logit - logsumexp) with the row's maximum from the top-k, never a softmax over the
+        whole vocabulary kept."""
         if self.regression:
-            return float(logits[0]), {}
-        multi_label = getattr(self.config, "problem_type", None) == "multi_label_classification"
-        probs = logits.sigmoid() if multi_label else logits.softmax(-1)
-        if self.is_vocabulary:
-            shown = list(dict.fromkeys(probs.topk(min(TOP_TOKENS, probs.numel())).indices.tolist() + columns))
-        else:
-            shown = range(probs.numel())
-        return self.name(int(logits.argmax())), {self.name(i): float(probs[i]) for i in shown}
+            values = logits[:, 0].tolist()
+            return Read(values, [{} for _ in values], [0] * len(values), [[] for _ in values])
+        if not self.is_vocabulary:
+            multi_label = getattr(self.config, "problem_type", None) == "multi_label_classification"
+            probs = (logits.sigmoid() if multi_label else logits.softmax(-1)).tolist()
+            best = logits.argmax(-1).tolist()
+            return Read([self.names[b] for b in best],
+                        [{self.names[i]: float(v) for i, v in enumerate(row)} for row in probs], best,
+                        [[row[c] for c in wanted] for row, wanted in zip(probs, columns)])
+        top = logits.topk(min(TOP_TOKENS + 1, logits.shape[-1]), dim=-1)
+        best = top.indices[:, 0]
+        if top.values.shape[-1] > 1:  # a tie for the top: the first column, as argmax has it
+            tied = top.values[:, 0] == top.values[:, 1]
+            if bool(tied.any()):
+                best = torch.where(tied, logits.argmax(-1), best)
+        shown = [list(dict.fromkeys(row[:TOP_TOKENS] + list(extra)))
+                 for row, extra in zip(top.indices.tolist(), columns)]
+        width = max(len(row) for row in shown)
+        index = torch.tensor([row + row[-1:] * (width - len(row)) for row in shown], device=logits.device)
+        peak = top.values[:, :1]
+        total = (logits - peak).exp().sum(-1, keepdim=True)
+        values = ((logits.gather(-1, index) - peak).exp() / total).tolist()
+        best = best.tolist()
+        names = vocabulary_names(self.tokenizer, [i for row in shown for i in row] + best)
+        probabilities, at = [], 0
+        for row, vals in zip(shown, values):
+            probabilities.append({names[at + k]: float(vals[k]) for k in range(len(row))})
+            at += len(row)
+        wanted = [[vals[row.index(c)] for c in extra] for row, vals, extra in zip(shown, values, columns)]
+        return Read(names[at:], probabilities, best, wanted)
 
     def name(self, column: int) -> str:
         if self.names is not None:
@@ -162,3 +203,4 @@ def head_columns(columns: torch.Tensor, foil: torch.Tensor | None, vocabulary: b
     wanted = columns if foil is None else torch.cat([columns, foil[:, None]], dim=1)
     vocab, index = torch.unique(wanted, return_inverse=True)
     return HeadColumns(vocab, index, None) if foil is None else HeadColumns(vocab, index[:, :-1], index[:, -1])
+

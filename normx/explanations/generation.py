@@ -25,10 +25,12 @@ from normx._torch import torch
 from normx.core.concurrency import tokenizer_lock
 from normx.core.forward import Pass
 from normx.core.inputs import Encoded, batches, max_input_length, positive_int, resolve_max_length
+from normx.core.vocabulary import vocabulary_names
 from normx.errors import EmptyTextError, InputTooLongError, InvalidInputError, UnsupportedModelError
 from normx.explanations.decoded_spans import decoded_ends
 from normx.explanations.explain import Plan, attribute_batch, model_settings, prepare
 from normx.explanations.generation_length import check_truncation, fit_prompt
+from normx.explanations.generation_reading import mask_after, step_readings
 from normx.explanations.generation_response import at_response_level, response_level
 from normx.explanations.generation_result import Generation, Generations
 from normx.explanations.generation_steps import from_one_pass, model_free, per_prefix
@@ -262,19 +264,15 @@ def _encoded(tokenizer, ids: list[int]) -> Encoded:
     special tokens the tokenizer itself puts before a text (a BOS) are not in that text (their spans are empty), so
     that the text of any prefix, given to ``normx.explain``, is tokenised back to the same ids."""
     with tokenizer_lock(tokenizer):
-        tokens = tokenizer.convert_ids_to_tokens(ids)
+        tokens = vocabulary_names(tokenizer, ids)
         lead = _added_prefix(tokenizer, ids)
-        body = ids[lead:]
-        text, ends = decoded_ends(tokenizer, body)  # each prefix's decoded length, in linear time
-        ends = [0] * lead + ends
-    special_ids = set(getattr(tokenizer, "all_special_ids", []))
-    offsets, start = [], 0
-    for end in ends:
-        end = max(start, min(end, len(text)))
-        offsets.append((start, end))
-        start = end
-    return Encoded(text=text, text_pair=None, ids=list(ids), tokens=list(tokens), offsets=offsets,
-                   segments=[0] * len(ids), special=[i in special_ids for i in ids])
+        text, ends = decoded_ends(tokenizer, ids[lead:])  # each prefix's decoded length, in linear time
+        special_ids = list(getattr(tokenizer, "all_special_ids", []))
+    ends = np.maximum.accumulate(np.clip(np.asarray([0] * lead + ends, np.int64), 0, len(text)))  # spans in order
+    starts = np.concatenate([[0], ends[:-1]])
+    return Encoded(text=text, text_pair=None, ids=list(ids), tokens=tokens, offsets=list(zip(starts.tolist(),
+                                                                                             ends.tolist())),
+                   segments=[0] * len(ids), special=np.isin(np.asarray(ids), special_ids).tolist())
 
 
 def _added_prefix(tokenizer, ids: list[int]) -> int:
@@ -314,13 +312,13 @@ def _one_pass(plan: Plan, tokenizer, items: list[Encoded], lengths: list[int], b
                 n = len(item.ids) - length
                 where = torch.as_tensor(keep[r][length - 1:len(item.ids) - 1], device=last.device)
                 logits = adapter.head(base, last[r, where], None).float()  # [n, V] at the positions before
-                probs = torch.softmax(logits, -1).gather(1, columns[r, :n, None])[:, 0]
-                shown.append([plan.labels.prediction(logits[i], [item.ids[length + i]])[1] for i in range(n)])
+                probs, best, alternatives = step_readings(plan.labels, logits, item.ids[length:])
+                shown.append(alternatives)
                 matrix = every[r, :n][:, :, keep[r]].permute(1, 0, 2).cpu().numpy().copy()  # [L, n, T]
-                _mask_after(matrix, length)
+                mask_after(matrix, length)
                 scores.append(matrix)
-                probabilities.append(probs.cpu().numpy().astype(np.float32))
-                predictions.append(logits.argmax(-1).tolist())
+                probabilities.append(probs)
+                predictions.append(best)
                 diagnostics.append({name: value[r, :n].float().cpu().tolist() for name, value in found.items()})
     return scores, probabilities, predictions, shown, diagnostics
 
@@ -347,9 +345,3 @@ def _all_steps(plan: Plan, inputs: dict, columns: torch.Tensor, queries: torch.T
 def _padded(ids: list[int], width: int) -> list[int]:
     """A row of target columns padded to ``width`` (repeating its last id; the padding's scores are dropped)."""
     return ids + [ids[-1] if ids else 0] * (width - len(ids))
-
-
-def _mask_after(matrix: np.ndarray, length: int) -> None:
-    """NaN at and after each step's own position (step t explains the token at ``length + t``)."""
-    for t in range(matrix.shape[1]):
-        matrix[:, t, length + t:] = np.nan

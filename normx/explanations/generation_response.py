@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from normx._torch import torch
 from normx.core.inputs import Encoded
 from normx.errors import InvalidInputError
+from normx.explanations.generation_reading import mask_after, step_readings
 from normx.methods import list_methods
 from normx.methods.registry import get_method
 from normx.methods.response import ResponseContext
@@ -59,14 +59,11 @@ def response_level(plan, tokenizer, prompts: list[str], items: list[Encoded], le
         if matrix.shape != (n, len(item.ids)):
             raise RuntimeError(f"method {plan.method.name!r} gave response rows of shape {matrix.shape}, expected "
                                f"{(n, len(item.ids))}")
-        for t in range(n):
-            matrix[t, length + t:] = np.nan
-        logits = out.logits.float()
-        columns = torch.tensor(item.ids[length:], device=logits.device)
-        probabilities.append(torch.softmax(logits, -1).gather(1, columns[:, None])[:, 0].cpu().numpy()
-                             .astype(np.float32))
-        predictions.append(logits.argmax(-1).tolist())
-        shown.append([plan.labels.prediction(logits[t], [item.ids[length + t]])[1] for t in range(n)])
+        mask_after(matrix, length)
+        probs, best, alternatives = step_readings(plan.labels, out.logits, item.ids[length:])
+        probabilities.append(probs)
+        predictions.append(best)
+        shown.append(alternatives)
         scores.append(matrix[None])
         diagnostics.append({name: list(values) for name, values in out.diagnostics.items()})
         added.append(dict(out.settings))

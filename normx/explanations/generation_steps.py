@@ -18,6 +18,7 @@ import numpy as np
 from normx._torch import torch
 from normx.core.inputs import Encoded, batches
 from normx.explanations.explain import Plan, attribute_batch
+from normx.explanations.generation_reading import step_readings
 from normx.explanations.generation_response import response_level
 from normx.methods import Context
 
@@ -74,12 +75,10 @@ def per_prefix(plan: Plan, tokenizer, items: list[Encoded], lengths: list[int], 
         columns = torch.tensor([[items[i].ids[p]] for i, p in chunk], device=inputs["input_ids"].device)
         out = attribute_batch(plan, inputs, columns)
         mask = inputs["attention_mask"].bool().cpu().numpy()
-        probs = torch.softmax(out.logits, -1).gather(1, columns)[:, 0].cpu().numpy()
-        top = out.logits.argmax(-1).tolist()
+        probs, top, alternatives = step_readings(plan.labels, out.logits, [items[i].ids[p] for i, p in chunk])
         for r, (i, p) in enumerate(chunk):
             found[i, p] = (out.scores[r, 0][:, np.flatnonzero(mask[r])].cpu().numpy(), probs[r], top[r],
-                           plan.labels.prediction(out.logits[r], [items[i].ids[p]])[1],
-                           {name: float(value[r, 0]) for name, value in out.diagnostics.items()})
+                           alternatives[r], {name: float(value[r, 0]) for name, value in out.diagnostics.items()})
     scores, probabilities, predictions, shown, diagnostics = [], [], [], [], []
     for i, (item, length) in enumerate(zip(items, lengths)):
         steps = range(length, len(item.ids))

@@ -93,7 +93,7 @@ class BlockScores:
         k = self.keys[:, :, keys]
         group = heads // k.shape[1]
         k = k.repeat_interleave(group, dim=1) if group > 1 else k
-        logits = torch.matmul(q, k.transpose(-1, -2)) * self.scaling
+        logits = torch.matmul(q * self.scaling, k.transpose(-1, -2))
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         if self.mask is not None and self.mask.dtype != torch.bool:
@@ -101,13 +101,12 @@ class BlockScores:
         allowed = self._allowed(rows, keys)
         if self.mask is not None and self.mask.dtype == torch.bool:
             allowed = allowed & self._mask_rows(rows, keys)
-        logits = logits.masked_fill(~allowed, float("-inf"))
+        logits = logits.masked_fill_(~allowed, float("-inf"))
         if self.sinks is not None:
             sinks = self.sinks.to(logits.dtype).reshape(1, -1, 1, 1).expand(b, -1, rows.shape[1], 1)
             combined = torch.cat([logits, sinks], -1)
             return torch.softmax(combined - combined.amax(-1, keepdim=True), -1)[..., :-1]
-        probs = torch.softmax(logits, -1)
-        return torch.nan_to_num(probs, nan=0.0)  # a row with no key allowed (never a real token's)
+        return torch.softmax(logits, -1).nan_to_num_(nan=0.0)  # a row with no key allowed (never a real token's)
 
 
 def _float(tensor: torch.Tensor) -> torch.Tensor:

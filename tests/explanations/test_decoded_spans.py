@@ -98,3 +98,67 @@ def test_a_decoder_the_windows_do_not_read_gets_every_prefix():
     tokenizer = _Counting(tiny.bpe_tokenizer("llama"), shift=True)
     ids = tiny.bpe_tokenizer("llama")(" ".join(TEXTS * 4), add_special_tokens=False)["input_ids"][:300]
     assert decoded_ends(tokenizer, ids) == _every_prefix(tokenizer, ids)
+
+
+def _byte_level():
+    yield "byte-level", tiny.bpe_tokenizer("llama")
+    yield "gpt2-style", tiny.bpe_tokenizer("gpt2")
+    try:
+        from normx.zoo.presets import smollm2_dir
+
+        yield "smollm2", AutoTokenizer.from_pretrained(smollm2_dir(), trust_remote_code=False)
+    except Exception:  # the package or its cache is not here: the tiny tokenizers still run
+        pass
+
+
+@pytest.mark.parametrize(("name", "tokenizer"), list(_byte_level()))
+def test_byte_level_tokenizers_are_read_from_their_bytes(name, tokenizer, monkeypatch):
+    """A byte-level tokenizer's ends come from its vocabulary's bytes (no window decoded, no prefix), equal to every
+    prefix's decoding: characters split over tokens, a special token inside, short and long sequences."""
+    assert decoded_spans.byte_table(tokenizer) is not None, name
+    monkeypatch.setattr(decoded_spans, "_batch_decoder", lambda *_: pytest.fail(f"{name}: windows decoded"))
+    monkeypatch.setattr(decoded_spans, "_every_prefix", lambda *_: pytest.fail(f"{name}: every prefix decoded"))
+    for text in [*TEXTS, " ".join(TEXTS * 5)]:
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        special = tokenizer.eos_token_id
+        ids = [*ids[:len(ids) // 2], special, *ids[len(ids) // 2:]]
+        assert decoded_ends(tokenizer, ids) == _every_prefix(tokenizer, ids), (name, text[:40])
+        assert decoded_ends(tokenizer, ids[:1]) == _every_prefix(tokenizer, ids[:1])
+
+
+def test_bytes_that_are_not_utf8_are_read_by_the_windows():
+    """A sequence whose bytes end inside a character (a model that wrote the first byte of an emoji) decodes with a
+    replacement character: the byte table says so and the windows read it, equal to every prefix."""
+    tokenizer = tiny.bpe_tokenizer("llama")
+    ids = tokenizer(" ".join(TEXTS * 3), add_special_tokens=False)["input_ids"]
+    lone = tokenizer.convert_tokens_to_ids(decoded_spans._byte_alphabet()[0xF0])  # a 4-byte character's first byte
+    table = decoded_spans.byte_table(tokenizer)
+    assert table.ends([*ids, lone]) is None
+    assert decoded_ends(tokenizer, [*ids, lone]) == _every_prefix(tokenizer, [*ids, lone])
+    assert decoded_ends(tokenizer, [lone, *ids]) == _every_prefix(tokenizer, [lone, *ids])
+
+
+def test_tables_are_read_once_per_tokenizer_and_again_when_tokens_are_added():
+    import copy
+    import threading
+
+    tokenizer = copy.deepcopy(tiny.bpe_tokenizer("llama"))
+    ids = tokenizer(TEXTS[0], add_special_tokens=False)["input_ids"]
+    results = []
+
+    def read():
+        results.append(decoded_ends(tokenizer, ids))
+
+    threads = [threading.Thread(target=read) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert results == [_every_prefix(tokenizer, ids)] * 8
+    first = decoded_spans.byte_table(tokenizer)
+    assert decoded_spans.byte_table(tokenizer) is first
+    tokenizer.add_tokens(["<new>"])
+    again = decoded_spans.byte_table(tokenizer)
+    assert again is not first and len(again.pieces) == len(first.pieces) + 1
+    new = [*ids, len(tokenizer) - 1]
+    assert decoded_ends(tokenizer, new) == _every_prefix(tokenizer, new)

@@ -66,17 +66,21 @@ def _check_sums(rows: torch.Tensor, block: BlockAttention, method: str, dtype: t
 
 
 def _norm_rows(rows: torch.Tensor, values: torch.Tensor, block: BlockAttention) -> torch.Tensor:
-    """|| sum_h alpha^h_(q,j) W_O^h v^h_j || [B, Q, T] (float32) from alpha [B, H, Q, T] and values [B, T, H, d]."""
+    """|| sum_h alpha^h_(q,j) W_O^h v^h_j || [B, Q, T] (float32) from alpha [B, H, Q, T] and values [B, T, H, d],
+    as sqrt(alpha^T G_j alpha) with G_j the Gram matrix of key j's projected head vectors [B, H, H, T] (in the rows'
+    dtype: float32, float64 for float64 models): one output projection's work for G, and each query row's quadratic
+    form a sum over heads of products along the keys (no [Q, T, hidden] tensor, no batched small matrix products)."""
     heads = rows.shape[1]
     w_o = block.head_projections(heads)  # [H, d, hidden]
     b, t = values.shape[:2]
-    gram = torch.empty((b, t, heads, heads), dtype=torch.float64, device=values.device)
+    gram = torch.empty((b, heads, heads, t), dtype=rows.dtype, device=values.device)
     step = max(1, _CHUNK // max(1, b * heads * w_o.shape[-1]))
     for start in range(0, t, step):
-        f = torch.einsum("bthd,hdo->btho", values[:, start:start + step].to(w_o.dtype), w_o).double()
-        gram[:, start:start + step] = torch.einsum("btho,btko->bthk", f, f)
-    alpha = rows.double()
-    squared = torch.einsum("bhqt,bthk,bkqt->bqt", alpha, gram, alpha)
+        f = torch.einsum("bthd,hdo->btho", values[:, start:start + step].to(w_o.dtype), w_o).to(rows.dtype)
+        gram[..., start:start + step] = torch.einsum("btho,btko->bhkt", f, f)
+    squared = torch.zeros((b, rows.shape[2], t), dtype=rows.dtype, device=values.device)
+    for h in range(heads):  # sum_h alpha_h (sum_k G_hk alpha_k), each product along the keys
+        squared.addcmul_((gram[:, h, :, None, :] * rows).sum(1), rows[:, h])
     return squared.clamp_min(0).sqrt().float()
 
 
@@ -209,7 +213,7 @@ def _read_blocks(run: Pass, queries: torch.Tensor, read: dict[int, BlockAttentio
             raise _no_probabilities(output, block, method, length)
         else:
             scores = block_scores(block, {k: v for k, v in seen.items() if k != "values"}, kwargs, mask)
-            rows = scores.probabilities(queries) * mask[:, None, None, :].to(scores.queries.dtype)
+            rows = scores.probabilities(queries)  # padding keys are zero (not allowed)
         if probs is not None or scores.sinks is None:  # (a sink's share goes to no token)
             _check_sums(rows, block, method, rows.dtype if probs is None else probs.dtype)
         if block.parts is None:

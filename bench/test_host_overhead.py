@@ -1,0 +1,161 @@
+"""What the one-pass readings cost beside the model's own forward pass where the forward is fast: a CPU stand-in for
+a card (issue #55). On a GPU a forward over a long prompt takes milliseconds, so whatever normx does on the host
+beside it (token spans, per-step loops, model checks) shows as a multiple of the forward; on the CPU with seeded
+tiny models and one thread the forward takes milliseconds too, so the same overhead shows here, without a GPU.
+
+    python -m pytest bench/test_host_overhead.py --benchmark-enable -s
+
+Cases: batch-1 classification (the tests' tiny BERT, a 40-token text: ``normx.explain`` against
+``model(**tokenizer(text, return_tensors="pt"))``) and all 32 steps of a continuation (a tiny Llama, 2 blocks of
+width 32, 4 heads, the tests' byte-level BPE tokenizer; 2,048 and 8,192 tokens: ``normx.explain_generation(model,
+tokenizer, prompt, method=..., target=continuation)`` against the model's own forward on the same ids with the
+logits the explained tokens need, ``model(input_ids=ids, logits_to_keep=33)``). The two alternate (bench/timing.py);
+``extra_info["ratio_to_forward"]`` is the median ratio, ``tokenize_s`` what tokenising the prompt alone takes (a part
+of every call the forward on given ids does not have).
+
+With benchmarks disabled (the default test run) each reading runs once at 256 tokens and 8 steps and its rows are
+checked: NormXLogit's are ||x_i^0|| times the model's own logit of the step's token at every position before it,
+attention's rows sum to one over the keys, norm-based attention's are positive where the rows are.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+
+import numpy as np
+import pytest
+import tiny
+import torch
+import transformers
+from timing import timed_rounds
+
+import normx
+
+STEPS = 32
+GENERATION = {2048: ("normxlogit", "attention", "norm_attention"), 8192: ("normxlogit", "attention", "norm_attention")}
+SMOKE_LENGTH, SMOKE_STEPS = 256, 8
+CLASSIFICATION_TOKENS = 40
+ROUNDS, MIN_TIME, MAX_ROUNDS = 5, 4.0, 40
+
+
+def _tokenizer(longest: int):
+    tokenizer = copy.deepcopy(tiny.bpe_tokenizer("llama"))  # the shared one is not to be changed
+    tokenizer.model_max_length = longest + 64
+    return tokenizer
+
+
+def _llama(tokenizer, longest: int):
+    config = transformers.LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=4, max_position_embeddings=longest + 64, bos_token_id=0, eos_token_id=2, pad_token_id=1)
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+def _sequence(tokenizer, length: int, steps: int) -> tuple[str, list[int], list[int]]:
+    """(prompt, its ids, a continuation of ``steps`` ids), ``length`` tokens together."""
+    ids = tokenizer(" ".join(tiny.CORPUS * (length // 40 + 8)), add_special_tokens=False)["input_ids"]
+    for cut in range(length - steps - 1, 0, -1):  # decoding and encoding again may merge differently: fit it
+        prompt = tokenizer.decode(ids[:cut])
+        prompt_ids = tokenizer(prompt)["input_ids"]
+        if len(prompt_ids) <= length - steps:
+            break
+    return prompt, prompt_ids, ids[len(ids) - steps:]
+
+
+def _check(generation, model, ids: list[int], method: str) -> None:
+    rows = generation.rows()
+    if method == "normxlogit":
+        with torch.no_grad():
+            out = model(input_ids=torch.tensor([ids]), output_hidden_states=True)
+        norms = out.hidden_states[0][0].norm(dim=-1).numpy()
+        logits = out.logits[0].numpy()  # the model's own logits at every position
+        for t, p in enumerate(generation.generated):
+            want = norms[:p] * logits[:p, ids[p]]
+            np.testing.assert_allclose(rows[t], want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+    elif method == "attention":
+        for row in rows:
+            np.testing.assert_allclose(row.sum(), 1.0, rtol=1e-4)
+    else:
+        assert all(np.isfinite(row).all() and (row >= 0).all() and row.max() > 0 for row in rows)
+
+
+def _cases(enabled: bool):
+    lengths = GENERATION if enabled else {SMOKE_LENGTH: GENERATION[2048]}
+    return [(length, method) for length, methods in lengths.items() for method in methods]
+
+
+@pytest.mark.parametrize(("length", "method"), _cases(True), ids=lambda v: str(v))
+def test_generation_beside_its_forward(benchmark, length, method):
+    enabled = benchmark.enabled
+    if not enabled and length != 2048:
+        pytest.skip("timed runs only (--benchmark-enable); the smoke run checks the 2,048 row's readings")
+    steps = STEPS if enabled else SMOKE_STEPS
+    length = length if enabled else SMOKE_LENGTH
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        tokenizer = _tokenizer(length)
+        model = _llama(tokenizer, length)
+        prompt, prompt_ids, continuation = _sequence(tokenizer, length, steps)
+        ids = torch.tensor([prompt_ids + continuation])
+
+        def forward():
+            with torch.no_grad():
+                model(input_ids=ids, logits_to_keep=steps + 1)
+
+        def explain():
+            return normx.explain_generation(model, tokenizer, prompt, method=method, target=continuation)
+
+        result, baseline, _ = timed_rounds(benchmark, explain, forward, torch.device("cpu"), ROUNDS,
+                                                 min_time=MIN_TIME, max_rounds=MAX_ROUNDS)
+        _check(result, model, prompt_ids + continuation, method)
+        start = time.perf_counter()
+        tokenizer(prompt)
+        _record(benchmark, baseline, level="host_overhead", case="generation", method=method,
+                tokens=int(ids.shape[1]), steps=steps, tokenize_s=time.perf_counter() - start)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_classification_beside_its_forward(benchmark):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        model, tokenizer = tiny.build("BertForSequenceClassification")
+        ids = tokenizer(" ".join(tiny.CORPUS), add_special_tokens=False)["input_ids"][:CLASSIFICATION_TOKENS - 2]
+        text = tokenizer.decode(ids)
+
+        def forward():
+            with torch.no_grad():
+                model(**tokenizer(text, return_tensors="pt"))
+
+        def explain():
+            return normx.explain(model, tokenizer, text)
+
+        result, baseline, _ = timed_rounds(benchmark, explain, forward, torch.device("cpu"), ROUNDS * 4,
+                                           min_time=MIN_TIME / 2, max_rounds=MAX_ROUNDS * 10)
+        inputs = tokenizer(text, return_tensors="pt")
+        assert len(result.tokens) == inputs["input_ids"].shape[1] == CLASSIFICATION_TOKENS
+        with torch.no_grad():
+            out = model(**inputs, output_hidden_states=True)
+            label = int(out.logits[0].argmax())
+            every = out.hidden_states[-1][0][:, None]  # each token as the pooled one
+            want = out.hidden_states[0][0].norm(dim=-1) * model.classifier(model.bert.pooler(every))[:, label]
+        want = want.numpy()
+        np.testing.assert_allclose(result.score, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+        _record(benchmark, baseline, level="host_overhead", case="classification", method="normxlogit",
+                tokens=CLASSIFICATION_TOKENS, steps=0)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _record(benchmark, baseline: list[float], **info) -> None:
+    benchmark.extra_info.update(info, device="cpu", threads=1)
+    if not benchmark.enabled:
+        return
+    times = list(benchmark.stats.stats.data)
+    benchmark.extra_info["per_instance_s"] = float(np.median(times))
+    benchmark.extra_info["forward_per_instance_s"] = float(np.median(baseline))
+    benchmark.extra_info["ratio_to_forward"] = float(np.median([t / f for t, f in zip(times, baseline)]))

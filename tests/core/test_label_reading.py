@@ -1,0 +1,47 @@
+"""LabelSpace.read: every row's prediction, probabilities and requested columns read at once equal what one row at a
+time gives (softmax, top-k, argmax), ties for the top included."""
+
+from __future__ import annotations
+
+import tiny
+import torch
+
+from normx.core.labels import TOP_TOKENS, LabelSpace
+from normx.models import HeadKind
+
+
+def _one_row(labels: LabelSpace, logits: torch.Tensor, columns: list[int]):
+    probs = logits.softmax(-1)
+    shown = list(dict.fromkeys(probs.topk(TOP_TOKENS).indices.tolist() + columns))
+    names = labels.tokenizer.convert_ids_to_tokens(shown)
+    return int(logits.argmax()), {n: float(probs[i]) for n, i in zip(names, shown)}, [float(probs[c]) for c in columns]
+
+
+def test_vocabulary_rows_read_at_once_equal_one_at_a_time():
+    model, tokenizer = tiny.build("LlamaForCausalLM")
+    labels = LabelSpace(HeadKind.CAUSAL_LM, model.config, tokenizer)
+    torch.manual_seed(0)
+    logits = torch.randn(6, len(tokenizer)) * 3
+    logits[2, 7] = logits[2, 11] = logits[2].max() + 1  # a tie for the top: argmax takes the first column
+    columns = [[5], [9, 3], [7], [11], [0], [len(tokenizer) - 1]]
+    read = labels.read(logits, columns)
+    for r in range(6):
+        best, probabilities, wanted = _one_row(labels, logits[r], columns[r])
+        assert read.best[r] == best and read.labels[r] == tokenizer.convert_ids_to_tokens(best)
+        assert read.probabilities[r].keys() == probabilities.keys()
+        for name, value in probabilities.items():
+            assert abs(read.probabilities[r][name] - value) <= 1e-6 * max(value, 1e-30) + 1e-12
+        assert all(abs(a - b) <= 1e-6 * b + 1e-12 for a, b in zip(read.wanted[r], wanted))
+    assert read.best[2] == 7
+    assert labels.prediction(logits[3], [11]) == (read.labels[3], read.probabilities[3])
+
+
+def test_classification_and_regression_rows():
+    model, tokenizer = tiny.build("BertForSequenceClassification")
+    labels = LabelSpace(HeadKind.SEQUENCE_CLASSIFICATION, model.config, tokenizer)
+    logits = torch.tensor([[0.1, 2.0, -1.0], [3.0, 0.0, 3.0]])
+    read = labels.read(logits, [[0], [2]])
+    assert read.labels == [labels.names[1], labels.names[0]] and read.best == [1, 0]
+    probs = logits.softmax(-1)
+    assert read.probabilities[0] == {labels.names[i]: float(probs[0, i]) for i in range(3)}
+    assert read.wanted == [[float(probs[0, 0])], [float(probs[1, 2])]]
