@@ -63,6 +63,30 @@ def layer_count(model: str, gguf_file: str | None = None) -> int | None:
     return _gguf_blocks(found[0]) if len(found) == 1 else None
 
 
+def model_task(model: str, task: str | None = None) -> str | None:
+    """The head ``--model`` would load with (``"causal-lm"``, ``"sequence-classification"``, ...), read without its
+    weights: ``--task`` when given, a preset's task, a GGUF file's (a causal LM), a folder's ``config.json``
+    architecture; None where it cannot be read so (a hub id, a PEFT adapter, a config without an architecture)."""
+    from normx.models.discovery import head_kind
+    from normx.zoo.presets import preset_named
+
+    if task:
+        return task
+    preset = preset_named(model)
+    if preset is not None:
+        return preset.task
+    path = Path(model).expanduser()
+    if path.suffix == ".gguf" or (path.is_dir() and not (path / "config.json").is_file()
+                                  and len(list(path.glob("*.gguf"))) == 1):
+        return "causal-lm"
+    try:
+        names = json.loads((path / "config.json").read_text(encoding="utf-8")).get("architectures") or []
+    except (OSError, ValueError, AttributeError):
+        return None
+    kind = head_kind(names[0]) if names and isinstance(names[0], str) else None
+    return None if kind is None else kind.value.replace("_", "-")
+
+
 def _config_blocks(folder: Path) -> int | None:
     """``num_hidden_layers`` of the folder's config: read from the JSON when it is there (importing transformers
     takes seconds), else through ``AutoConfig`` (attribute maps such as GPT-2's ``n_layer``, nested text configs)."""

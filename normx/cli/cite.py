@@ -13,6 +13,7 @@ from normx.cli.options import add_model_flags, load, write_page, write_text
 from normx.errors import InvalidInputError
 
 SOURCES = ("sentences", "paragraphs", "lines")
+OWN = ("sources", "n_ablations")  # method options cite has flags of its own for
 
 
 def add_parser(sub, heavy: bool) -> argparse.ArgumentParser:
@@ -27,8 +28,9 @@ def add_parser(sub, heavy: bool) -> argparse.ArgumentParser:
                         "('Context: ...\\n\\nQuery: ...', as ContextCite)")
     parser.add_argument("--sources", default="sentences", choices=SOURCES, help="how the context is split "
                         "(default sentences: nltk Punkt, offline; a line break ends one)")
-    parser.add_argument("--method", default="contextcite", help="contextcite (default), leave_one_out, or any "
-                        "method of `normx methods` (the gradient methods and attnlrp at the response level)")
+    parser.add_argument("--method", default="contextcite", help="contextcite (default; contextcite@N: N "
+                        "ablations), leave_one_out, calibrated_attention, or a method of `normx methods` that explains "
+                        "a causal LM (the gradient methods and attnlrp at the response level)")
     parser.add_argument("--response", default=None, metavar="TEXT", help="explain this answer instead of "
                         "generating one (give the leading space it needs)")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="the most tokens to generate (default 64)")
@@ -44,8 +46,43 @@ def add_parser(sub, heavy: bool) -> argparse.ArgumentParser:
     if heavy:
         from normx.cli.flags import add_method_flags
 
-        add_method_flags(parser)
+        add_method_flags(parser, cite_methods(), own=OWN)
     return parser
+
+
+def cite_methods() -> list[str]:
+    """The methods ``cite`` takes: the context methods first (ContextCite, leave-one-out, calibrated attention: the
+    ones that score a response's sources), then every other method that explains what a causal LM writes."""
+    from normx.methods import get_method, list_methods
+
+    context = list_methods(response_only=True)
+    first = [name for name in context if get_method(name).response_only]
+    return first + [name for name in context if name not in first and _explains_generation(get_method(name))]
+
+
+def _explains_generation(method) -> bool:
+    return bool(method.per_position or method.query_rows or method.steps or method.response or method.model_free)
+
+
+def cite_method(given: str) -> tuple[str, dict]:
+    """``--method`` as cite reads it: a name of :func:`cite_methods`, or ``contextcite@N`` (N ablations, as
+    ``normx evaluate context`` names it) -> (name, options it sets); an error naming the closest and every one."""
+    import difflib
+
+    name, at, tag = given.partition("@")
+    methods = cite_methods()
+    if name not in methods:
+        close = difflib.get_close_matches(name, methods, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise InvalidInputError(f"cite has no method {given!r}; {hint}cite's methods: {', '.join(methods)}")
+    if not at:
+        return name, {}
+    from normx.methods import get_method
+
+    if "n_ablations" in get_method(name).options and tag.isdigit():
+        return name, {"n_ablations": int(tag)}
+    raise InvalidInputError(f"--method {given!r}: NAME@N sets the ablations of a method that takes them "
+                            f"(contextcite@32 is --method contextcite --n-ablations 32); {name} takes none")
 
 
 def read_context(path: str) -> str:
@@ -69,11 +106,18 @@ def read_context(path: str) -> str:
 
 
 def run(args) -> int:
+    from normx.cli.checks import model_task
     from normx.cli.flags import given_options
     from normx.methods import get_method
-    from normx.methods.ablation.sources import split_text
 
-    spec = get_method(args.method)  # everything that can be checked without the model is checked before it loads
+    # everything that can be checked without the model is checked before it loads, in time that does not grow with
+    # the context (its length is checked against the model's once the model is there: explain_context)
+    method, tagged = cite_method(args.method)
+    spec = get_method(method)
+    task = model_task(args.model, getattr(args, "task", None))
+    if task is not None and task != "causal-lm":
+        raise InvalidInputError(f"cite explains what a causal LM writes; {args.model!r} is a {task} model (use a "
+                                "causal LM: `normx models` lists the presets, e.g. smollm2)")
     context = read_context(args.context)
     if args.query is not None:
         check_texts([args.query], "--query text")
@@ -82,18 +126,19 @@ def run(args) -> int:
     for flag, value in (("--top", args.top), ("--max-new-tokens", args.max_new_tokens)):
         if value < 1:
             raise InvalidInputError(f"{flag} must be at least 1, got {value}")
-    options = given_options(args)
+    options = given_options(args, cite_methods(), own=OWN)
     if args.n_ablations is not None:
         if "n_ablations" not in spec.options:
-            raise InvalidInputError(f"--n-ablations is an option of contextcite, not of {args.method}")
+            raise InvalidInputError(f"--n-ablations is an option of contextcite, not of {method}")
+        if tagged and tagged["n_ablations"] != args.n_ablations:
+            raise InvalidInputError(f"--method {args.method} and --n-ablations {args.n_ablations} disagree; give one")
         options["n_ablations"] = args.n_ablations
-    spec.resolve_options({k: v for k, v in options.items() if k != "sources"})  # bad values before the load
-    if not split_text(context, args.sources):
-        raise InvalidInputError(f"the context has no {args.sources}")
+    options = {**tagged, **options}
+    spec.resolve_options(options)  # bad values before the load
     from normx.context import explain_context
 
     model, tokenizer = load(args)
-    result = explain_context(model, tokenizer, context, args.query, sources=args.sources, method=args.method,
+    result = explain_context(model, tokenizer, context, args.query, sources=args.sources, method=method,
                              response=args.response, chat=args.chat, max_new_tokens=args.max_new_tokens, **options)
     if args.json:
         file = write_text(args.json, result.to_json() + "\n")

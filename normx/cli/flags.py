@@ -10,9 +10,9 @@ from typing import Any
 from normx.methods import Option, get_method, list_methods
 
 
-def _by_name() -> dict[str, list[tuple[str, Option]]]:
+def _by_name(methods: list[str] | None = None) -> dict[str, list[tuple[str, Option]]]:
     options: dict[str, list[tuple[str, Option]]] = {}
-    for method in list_methods(experimental=True):
+    for method in list_methods(experimental=True) if methods is None else methods:
         for name, option in get_method(method).options.items():
             options.setdefault(name, []).append((method, option))
     return options
@@ -25,10 +25,14 @@ def flag_of(option: Option) -> str:
     return f"--no-{dashed}" if option.type is bool and option.default is True else f"--{dashed}"
 
 
-def add_method_flags(parser: argparse.ArgumentParser) -> None:
-    """One flag per option of the registered methods, in a group of their own; unset flags read as None."""
+def add_method_flags(parser: argparse.ArgumentParser, methods: list[str] | None = None,
+                     own: tuple[str, ...] = ()) -> None:
+    """One flag per option of the registered methods (or of ``methods`` only: a command for some of them; ``own``:
+    options the command has flags of its own for), in a group of their own; unset flags read as None."""
     group = parser.add_argument_group("method options (only for the methods that take them; see `normx methods`)")
-    for name, takers in sorted(_by_name().items()):
+    for name, takers in sorted(_by_name(methods).items()):
+        if name in own:
+            continue
         first = takers[0][1]
         same: dict[tuple[str, str], list[str]] = {}  # methods that say the same of the option, together
         for method, option in takers:
@@ -48,9 +52,12 @@ def add_method_flags(parser: argparse.ArgumentParser) -> None:
         group.add_argument(flag_of(first), dest=name, type=kind, choices=choices, default=None, help=helps)
 
 
-def given_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The method options set on the command line (name -> value)."""
-    return {name: getattr(args, name) for name in _by_name() if getattr(args, name, None) is not None}
+def given_options(args: argparse.Namespace, methods: list[str] | None = None, own: tuple[str, ...] = ()
+                  ) -> dict[str, Any]:
+    """The method options set on the command line (name -> value), of the flags :func:`add_method_flags` added for
+    ``methods`` (and ``own``)."""
+    return {name: getattr(args, name) for name in _by_name(methods)
+            if name not in own and getattr(args, name, None) is not None}
 
 
 def option_words(args: argparse.Namespace) -> list[str]:

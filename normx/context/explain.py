@@ -7,7 +7,9 @@ from collections.abc import Sequence
 
 from normx.context.result import ContextAttribution, Source
 from normx.core.concurrency import tokenizer_lock
-from normx.errors import EmptyTextError, InvalidInputError
+from normx.core.handle import model_handle
+from normx.core.inputs import max_input_length
+from normx.errors import EmptyTextError, InputTooLongError, InvalidInputError
 from normx.explanations.generation import explain_generation
 from normx.methods import get_method
 from normx.methods.ablation.sources import SPLITS, split_text, token_sources
@@ -41,8 +43,18 @@ def explain_context(model, tokenizer, context: str | Sequence[str], query: str |
             sources' token spans.
     """
     spec = get_method(method)
+    spec.resolve_options({k: v for k, v in options.items() if k != "sources"})  # bad options before any work
+    limit = max_input_length(tokenizer, model_handle(model))
+    room = max_new_tokens if response is None else len(response) if not isinstance(response, str) else \
+        len(tokenizer(response, add_special_tokens=False)["input_ids"])
+    if isinstance(context, str):
+        _refuse_long(tokenizer, context, limit - room, max_new_tokens if response is None else None)
     prompt, context_text, context_at, spans = _prompt(context, query, sources, prompt_template, separator)
     ids, offsets, special, text_at = _prompt_tokens(tokenizer, prompt, chat)
+    if len(ids) + room > limit:
+        raise InputTooLongError(f"the prompt is {len(ids):,} tokens and the answer {room:,} more: "
+                                f"{len(ids) + room:,}, more than the {limit:,} this model takes; "
+                                + _way_out(response is None))
     members = token_sources([(a + context_at + text_at, b + context_at + text_at) for a, b in spans], offsets,
                             special)
     empty = [k for k, m in enumerate(members) if not m]
@@ -62,6 +74,31 @@ def explain_context(model, tokenizer, context: str | Sequence[str], query: str |
     return ContextAttribution(context=context_text, query=query, prompt=prompt, sources=found,
                               generation=generation, settings={"sources": sources if isinstance(context, str)
                                                                else "given", "chat": chat})
+
+
+CHARS_PER_TOKEN = 16  # a bound on a text's characters per token: beyond it, a prefix of the text is counted
+
+
+def _refuse_long(tokenizer, text: str, room: int, new_tokens: int | None) -> None:
+    """Refuse a context that cannot fit in ``room`` tokens, in time that does not grow with it: only its first
+    ``CHARS_PER_TOKEN * (room + 1)`` characters are tokenised (before it is split or tokenised whole)."""
+    if room < 1:
+        raise InputTooLongError(f"this model takes {room + (new_tokens or 0):,} tokens, and the answer needs "
+                                f"{new_tokens:,} of them: " + _way_out(new_tokens is not None))
+    cut = CHARS_PER_TOKEN * (room + 1)
+    if len(text) <= cut:
+        return
+    with tokenizer_lock(tokenizer):
+        count = len(tokenizer(text[:cut], add_special_tokens=False)["input_ids"])
+    if count > room:
+        raise InputTooLongError(f"the context has {len(text):,} characters, and its first {cut:,} alone are "
+                                f"{count:,} tokens, more than the {room:,} this model has for it; "
+                                + _way_out(new_tokens is not None))
+
+
+def _way_out(generated: bool) -> str:
+    more = " or fewer new tokens (max_new_tokens; normx cite: --max-new-tokens)" if generated else ""
+    return f"give a shorter context{more}"
 
 
 def _prompt(context, query, how, template, separator):

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from normx.core.batch import Encoded, collate  # (re-exported: the input layer's API)
 from normx.core.concurrency import tokenizer_lock
+from normx.core.vocabulary import vocabulary_names
 from normx.errors import EmptyTextError, InputTooLongError, InputWarning, InvalidInputError
 
 if TYPE_CHECKING:
@@ -141,14 +142,14 @@ def encode(tokenizer, texts: list[str], pairs: list[str] | None, max_length: int
             index = 0
             warnings.append(f"{what}: truncated to {max_length} tokens")
         ids = list(enc["input_ids"][index])
-        offsets = [tuple(map(int, o)) for o in enc["offset_mapping"][index]]
-        warnings.extend(unknown_pieces(tokenizer, ids, offsets, text, pair, enc.sequence_ids(index)
-                                       if enc.encodings else None))
-        seq_ids = enc.sequence_ids(index) if enc.encodings else [None] * len(ids)
+        offsets = [tuple(o) for o in enc["offset_mapping"][index]]
+        seq_ids = enc.sequence_ids(index) if enc.encodings else None
+        warnings.extend(unknown_pieces(tokenizer, ids, offsets, text, pair, seq_ids))
+        seq_ids = seq_ids if seq_ids is not None else [None] * len(ids)
         special = [bool(s) for s in enc["special_tokens_mask"][index]]
         segments = [-1 if (sid is None or sp) else int(sid) for sid, sp in zip(seq_ids, special)]
         out.append(Encoded(
-            text=text, text_pair=pair, ids=ids, tokens=tokenizer.convert_ids_to_tokens(ids),
+            text=text, text_pair=pair, ids=ids, tokens=vocabulary_names(tokenizer, ids),
             offsets=offsets, segments=segments, special=special,
             extra={name: list(enc[name][index]) for name in keep if name in enc}, warnings=warnings,
         ))

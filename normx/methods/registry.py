@@ -253,8 +253,12 @@ def register_method(method: Method, *, overwrite: bool = False) -> None:
 
 def get_method(name: str) -> Method:
     if not isinstance(name, str) or name not in _METHODS:
-        raise UnknownMethodError(f"unknown method {name!r}; available methods: "
-                                 f"{', '.join(list_methods(experimental=True))}")
+        import difflib
+
+        known = list_methods(experimental=True, response_only=True)
+        close = difflib.get_close_matches(name, known, n=1) if isinstance(name, str) else []
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise UnknownMethodError(f"unknown method {name!r}; {hint}available methods: {', '.join(known)}")
     return _METHODS[name]
 
 

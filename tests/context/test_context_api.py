@@ -111,7 +111,8 @@ def test_cite_end_to_end(llama_folder, tmp_path, capsys):
     shown = capsys.readouterr()
     assert code == 0, shown.err
     lines = shown.out.splitlines()
-    assert lines[0].startswith("response: ") and "contextcite" in lines[1] and "about 9 forward passes" in lines[1]
+    # 3 sources: 2^3 distinct masks at most, each run once
+    assert lines[0].startswith("response: ") and "contextcite" in lines[1] and "about 8 forward passes" in lines[1]
     assert len(lines) == 3 + 2
     stored = ContextAttribution.from_json(out.read_text(encoding="utf-8"))
     assert str(stored.top(1)[0][0]) == lines[3].split()[1]
@@ -120,10 +121,15 @@ def test_cite_end_to_end(llama_folder, tmp_path, capsys):
 
 @pytest.mark.parametrize("argv, message", [
     (["cite", "/no/such/file", "--model", "M"], "no context file"),
-    (["cite", "CTX", "--model", "M", "--method", "nope"], "unknown method"),
+    (["cite", "CTX", "--model", "M", "--method", "nope"], "cite has no method 'nope'"),
     (["cite", "CTX", "--model", "M", "--top", "0"], "--top must be at least 1"),
     (["cite", "CTX", "--model", "M", "--query", " "], "--query text"),
     (["cite", "BIN", "--model", "M"], "not UTF-8"),
+    (["cite", "CTX", "--model", "M", "--method", "contextcit"], "did you mean 'contextcite'?"),
+    (["cite", "CTX", "--model", "M", "--method", "leave_one_out@32"], "contextcite@32 is --method contextcite"),
+    (["cite", "CTX", "--model", "M", "--method", "contextcite@8", "--n-ablations", "16"], "disagree"),
+    (["cite", "CTX", "--model", "M", "--n-ablations", "1"], "n_ablations must be at least 2"),
+    (["cite", "CTX", "--model", "minilm-sst2"], "is a sequence-classification model"),
 ])
 def test_cite_refuses_bad_input_before_any_model_load(argv, message, tmp_path, capsys, monkeypatch):
     (tmp_path / "ctx.txt").write_text(CONTEXT, encoding="utf-8")
@@ -134,3 +140,55 @@ def test_cite_refuses_bad_input_before_any_model_load(argv, message, tmp_path, c
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("normx: error:") and message in err and "Traceback" not in err
+
+
+def test_cite_lists_its_own_methods_and_takes_contextcite_at_n():
+    from normx.cli.cite import cite_method, cite_methods
+
+    methods = cite_methods()
+    assert methods[:3] == ["calibrated_attention", "contextcite", "leave_one_out"]  # the context methods first
+    assert "globenc" not in methods and "value_zeroing" not in methods  # encoder-only mixing maps
+    assert not any(normx.methods.get_method(m).experimental for m in methods)
+    assert cite_method("contextcite@32") == ("contextcite", {"n_ablations": 32})
+    assert cite_method("leave_one_out") == ("leave_one_out", {})
+
+
+def test_a_long_context_is_refused_before_it_is_split(llama, monkeypatch):
+    """A context far longer than the model takes is refused in time that does not grow with it: only a prefix is
+    tokenised, nothing is split into sentences, and the message names the ways out the callers have."""
+    import time
+
+    from normx.methods.ablation import sources
+
+    model, tok = llama
+    monkeypatch.setattr(sources, "split_text", lambda *_: pytest.fail("the long context was split"))
+    for size in (200_000, 2_000_000):
+        start = time.perf_counter()
+        with pytest.raises(normx.InputTooLongError, match="give a shorter context") as raised:
+            normx.explain_context(model, tok, "The film was good. " * (size // 19), "good?", method="leave_one_out")
+        assert time.perf_counter() - start < 2.0
+        assert "truncation" not in str(raised.value)
+
+
+def test_contextcite_runs_each_distinct_mask_once(llama, monkeypatch):
+    """One source has two masks (kept, removed): 64 ablations run 2 passes, not 65, with the scores ContextCite's
+    masks give; one ablation is refused."""
+    from normx.methods.ablation import forwards
+
+    model, tok = llama
+    seen = []
+    real = forwards._distinct_outcomes
+    monkeypatch.setattr(forwards, "_distinct_outcomes",
+                        lambda ctx, sources, keeps, desc: seen.append(len(keeps)) or real(ctx, sources, keeps, desc))
+    from normx.methods.ablation import ablation_masks
+
+    seed = next(s for s in range(50) if len(set(ablation_masks(1, 2, 0.5, s)[:, 0])) == 1)  # both masks alike
+    with pytest.warns(normx.errors.InputWarning, match="kept, or removed, in every one"):
+        result = normx.explain_context(model, tok, ["The film was good."], "good?", method="contextcite",
+                                       n_ablations=2, max_new_tokens=2, seed=seed)
+    assert seen[0] <= 2 and len(result.sources) == 1
+    seen.clear()
+    normx.explain_context(model, tok, ["The film was good."], "good?", method="contextcite", max_new_tokens=2)
+    assert seen == [2]
+    with pytest.raises(normx.errors.InvalidInputError, match="at least 2"):
+        normx.explain_context(model, tok, ["The film was good."], "good?", method="contextcite", n_ablations=1)

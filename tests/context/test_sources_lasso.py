@@ -109,3 +109,45 @@ def test_response_logit_probability_is_contextcites_aggregate():
     log_p = np.log(np.array([[0.5, 0.5], [0.9, 0.1]]))
     p = np.exp(log_p.sum(1))
     np.testing.assert_allclose(response_logit_probability(log_p), np.log(p / (1 - p)))
+
+
+def _every_span(spans, offsets, special, count=None):
+    """token_sources as it was written first: every token against every span (quadratic)."""
+    count = len(offsets) if count is None else count
+    out = [[] for _ in spans]
+    for i in range(count):
+        start, end = offsets[i]
+        if special[i] or end <= start:
+            continue
+        best, overlap = None, 0
+        for k, (a, b) in enumerate(spans):
+            shared = min(b, end) - max(a, start)
+            if shared > overlap:
+                best, overlap = k, shared
+        if best is not None:
+            out[best].append(i)
+    return out
+
+
+def test_token_sources_equal_every_span_compared_and_are_linear():
+    import random
+    import time
+
+    rng = random.Random(0)
+    for _ in range(500):  # tokens of any length, overlapping ones, empty and special ones; spans with gaps
+        cuts = sorted(rng.sample(range(400), 2 * rng.randint(0, 12)))
+        spans = [(cuts[i], cuts[i + 1]) for i in range(0, len(cuts), 2)]
+        at, offsets = 0, []
+        for _ in range(rng.randint(0, 120)):
+            width = rng.choice([0, 1, 2, 5, 9, 40])
+            offsets.append((at, at + width))
+            at += rng.choice([0, width, width + 1])
+        special = [rng.random() < 0.1 for _ in offsets]
+        count = rng.choice([None, len(offsets) // 2])
+        assert token_sources(spans, offsets, special, count) == _every_span(spans, offsets, special, count)
+    spans = [(100 * i, 100 * i + 90) for i in range(20_000)]
+    offsets = [(4 * i, 4 * i + 4) for i in range(500_000)]
+    start = time.perf_counter()
+    found = token_sources(spans, offsets, [False] * len(offsets))
+    assert time.perf_counter() - start < 5  # every token against every span: 10^10 comparisons
+    assert found[1] == list(range(25, 48))

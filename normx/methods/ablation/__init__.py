@@ -25,11 +25,12 @@ prompt's text (:mod:`~normx.methods.ablation.sources`), or ``[(start, end), ...]
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 import numpy as np
 
-from normx.errors import InvalidInputError
+from normx.errors import InputWarning, InvalidInputError
 from normx.methods.ablation.forwards import outcomes
 from normx.methods.ablation.lasso import surrogate
 from normx.methods.ablation.sources import SPLITS, check_spans, split_text, token_sources
@@ -137,6 +138,12 @@ def contextcite(ctx: ResponseContext) -> ResponseRows:
     options = ctx.options
     sources = prompt_sources(ctx)
     masks = ablation_masks(len(sources), options["n_ablations"], options["keep_probability"], options["seed"])
+    fixed = [j for j in range(len(sources)) if masks[:, j].all() or not masks[:, j].any()]
+    if fixed:
+        warnings.warn(f"{len(fixed)} of the {len(sources)} sources (source {', '.join(map(str, fixed[:8]))}"
+                      f"{' ...' if len(fixed) > 8 else ''}) are kept, or removed, in every one of the "
+                      f"{len(masks)} masks: their scores say nothing (0); give more n_ablations", InputWarning,
+                      stacklevel=2)
     log_p, logit_p, logits = outcomes(ctx, sources, np.vstack([np.ones((1, len(sources)), bool), masks]),
                                       "contextcite")
     n, alpha = ctx.steps, options["lasso_alpha"]
@@ -162,8 +169,9 @@ def _check(options: dict[str, Any]) -> dict[str, Any]:
             raise InvalidInputError(f"sources={sources!r} is not allowed; use one of {SOURCES} or a list of "
                                     "(start, end) token spans")
         options["sources"] = check_spans(sources)
-    if "n_ablations" in options and options["n_ablations"] < 1:
-        raise InvalidInputError(f"n_ablations must be at least 1, got {options['n_ablations']}")
+    if "n_ablations" in options and options["n_ablations"] < 2:
+        raise InvalidInputError(f"n_ablations must be at least 2 (a surrogate fitted on one mask scores every source "
+                                f"0), got {options['n_ablations']}")
     if "keep_probability" in options and not 0 < options["keep_probability"] < 1:
         raise InvalidInputError(f"keep_probability must be between 0 and 1, got {options['keep_probability']}")
     if "lasso_alpha" in options and options["lasso_alpha"] < 0:
@@ -180,6 +188,14 @@ def source_count(tokens: int, options) -> int:
     if not isinstance(sources, str):
         return len(sources)
     return max(1, math.ceil(tokens / _TOKENS_PER_SOURCE[sources]))
+
+
+def _distinct_masks(sources, drawn: int) -> int:
+    """The forward passes of ``drawn`` random masks and the full prompt: with the sources given as spans, at most
+    their 2^sources distinct masks (a mask drawn twice runs once); else ``1 + drawn``."""
+    if isinstance(sources, str) or len(sources) >= 30:
+        return 1 + drawn
+    return min(1 + drawn, 2 ** len(sources))
 
 
 def _refuse(ctx: Context):
@@ -217,4 +233,4 @@ register_method(Method(
              Option("lasso_alpha", 0.01, "the LASSO's L1 weight (on standardised masks, as ContextCite)", float),
              Option("fit", "response", "response: one surrogate of the whole response (ContextCite's); steps: one "
                     "per response token", str, ("response", "steps")), BATCH_OPTION],
-    cost=lambda tokens, targets, options: 1 + options["n_ablations"], **COMMON))
+    cost=lambda tokens, targets, options: _distinct_masks(options["sources"], options["n_ablations"]), **COMMON))

@@ -36,10 +36,23 @@ def kept_ids(ctx: ResponseContext, sources: list[list[int]], keep: np.ndarray) -
 
 def outcomes(ctx: ResponseContext, sources: list[list[int]], keeps: np.ndarray, desc: str = "ablations"
              ) -> tuple[np.ndarray, np.ndarray, torch.Tensor]:
-    """One forward pass per row of ``keeps`` (bool [M, sources]; row 0 should keep every source), batched:
+    """One forward pass per distinct row of ``keeps`` (bool [M, sources]; row 0 should keep every source), batched:
     ``(log-probabilities [M, n], logit-probabilities [M, n], logits [n, V] of row 0)``, float64 outcomes of each
-    response token under each ablation. The logit-probability of a token is ``log p - log(1 - p)``, computed as
-    ContextCite does: its logit minus the log-sum-exp of every other logit."""
+    response token under each ablation; a mask drawn twice is run once (with few sources, random masks repeat). The
+    logit-probability of a token is ``log p - log(1 - p)``, computed as ContextCite does: its logit minus the
+    log-sum-exp of every other logit."""
+    keeps = np.asarray(keeps, bool).reshape(len(keeps), len(sources))
+    _, first_at, inverse = np.unique(keeps, axis=0, return_index=True, return_inverse=True)
+    order = np.argsort(first_at)  # each distinct mask once, in the order it first comes (row 0 stays first)
+    rank = np.empty_like(order)
+    rank[order] = np.arange(len(order))
+    log_p, logit_p, first = _distinct_outcomes(ctx, sources, keeps[first_at[order]], desc)
+    where = rank[np.asarray(inverse).reshape(-1)]
+    return log_p[where], logit_p[where], first
+
+
+def _distinct_outcomes(ctx: ResponseContext, sources: list[list[int]], keeps: np.ndarray, desc: str
+                       ) -> tuple[np.ndarray, np.ndarray, torch.Tensor]:
     model, adapter = ctx.model, ctx.adapter
     n = ctx.steps
     targets = torch.tensor(ctx.ids[ctx.prompt_length:], device=ctx.handle.device)

@@ -16,6 +16,8 @@ import re
 from collections.abc import Sequence
 from itertools import pairwise
 
+import numpy as np
+
 from normx.errors import InvalidInputError
 
 SPLITS = ("sentences", "paragraphs", "lines", "words")
@@ -81,21 +83,34 @@ def _stripped(text: str, start: int, end: int) -> tuple[int, int] | None:
 def token_sources(spans: Sequence[tuple[int, int]], offsets: Sequence[tuple[int, int]], special: Sequence[bool],
                   count: int | None = None) -> list[list[int]]:
     """For each character span, the indices (among the first ``count`` tokens; default all) of the tokens whose
-    characters overlap it most; special and empty tokens are in none. A span that no token falls in has an empty
-    list."""
+    characters overlap it most (the first such span on a tie); special and empty tokens are in none. A span that no
+    token falls in has an empty list. The spans do not overlap one another (sentences, paragraphs, given sources).
+    Linear in the tokens and the spans: each token is compared with the spans its characters reach only (found by
+    binary search in the spans sorted by their ends), never with every span."""
     count = len(offsets) if count is None else count
     out: list[list[int]] = [[] for _ in spans]
-    for i in range(count):
-        start, end = offsets[i]
-        if special[i] or end <= start:
-            continue
-        best, overlap = None, 0
-        for k, (a, b) in enumerate(spans):
-            shared = min(b, end) - max(a, start)
-            if shared > overlap:
-                best, overlap = k, shared
-        if best is not None:
-            out[best].append(i)
+    if not spans or count <= 0:
+        return out
+    bounds = np.asarray(spans, np.int64).reshape(-1, 2)
+    order = np.argsort(bounds[:, 1], kind="stable")  # spans by where they end
+    ends, starts = bounds[order, 1], bounds[order, 0]
+    tokens = np.asarray(offsets[:count], np.int64).reshape(-1, 2)
+    live = (tokens[:, 1] > tokens[:, 0]) & ~np.asarray(special[:count], bool)
+    first = np.searchsorted(ends, tokens[:, 0], side="right")  # the first span ending after the token starts
+    best = np.full(count, -1, np.int64)
+    overlap = np.zeros(count, np.int64)
+    active, k = live, first
+    while active.any():  # the spans each token reaches, one rank at a time (most tokens reach one or two)
+        at = np.minimum(k, len(ends) - 1)
+        active = active & (k < len(ends)) & (starts[at] < tokens[:, 1])
+        shared = np.minimum(ends[at], tokens[:, 1]) - np.maximum(starts[at], tokens[:, 0])
+        better = active & (shared > 0) & ((shared > overlap) | ((shared == overlap) & (order[at] < best)))
+        best = np.where(better, order[at], best)
+        overlap = np.where(better, shared, overlap)
+        k = k + 1
+    for token, span in enumerate(best.tolist()):
+        if span >= 0:
+            out[span].append(token)
     return out
 
 
