@@ -44,7 +44,10 @@ def add_parser(sub, heavy: bool) -> argparse.ArgumentParser:
                         "here; a rerun with the same settings reuses them")
     parser.add_argument("--out", default=None, metavar="FILE", help="write the weights to this JSON file")
     parser.add_argument("--store", action="store_true", help="store the weights in normx's cache for this model "
-                        "(where calibrated_attention finds them)")
+                        "(where calibrated_attention finds them; refused for a model whose preset ships weights, "
+                        "unless --replace-shipped)")
+    parser.add_argument("--replace-shipped", action="store_true", help="with --store: store them even where a "
+                        "preset ships weights for this model (they are read before the shipped ones)")
     add_model_flags(parser)
     return parser
 
@@ -73,6 +76,8 @@ def check(args) -> tuple[list[str], list[str]]:
 
     if not (args.out or args.store):
         raise InvalidInputError("say where the weights go: --store (normx's cache) and/or --out FILE")
+    if args.replace_shipped and not args.store:
+        raise InvalidInputError("--replace-shipped is for --store")
     kinds = [k for k in args.kinds.split(",") if k]
     if not kinds or any(k not in KINDS for k in kinds):
         raise InvalidInputError(f"--kinds {args.kinds!r}: use some of {', '.join(KINDS)}")
@@ -94,6 +99,13 @@ def run(args) -> int:
     kinds, families = check(args)  # before the model loads
     examples = context_examples(kinds, "train", args.length, args.contexts, args.seed, args.data)
     model, tokenizer = load(args)
+    if args.store and not args.replace_shipped:  # before the fit: stored weights come before a preset's shipped ones
+        shipped = stored.shipped(model)
+        if shipped is not None:
+            raise InvalidInputError(
+                f"{args.model} ships calibrated weights ({shipped}); --store would put these before them for every "
+                "later run on this model: write them with --out FILE and use them by name (weights=FILE), or add "
+                "--replace-shipped to store them anyway")
     keep = Path(args.keep) if args.keep else None
     kept = set() if keep is None else {inst.id for inst in training.kept_instances(
         keep, [e.id for e in examples], masks=args.masks, seed=args.seed, families=families)}
@@ -110,5 +122,8 @@ def run(args) -> int:
     if args.out:
         print(f"normx: wrote {stored.write(record, Path(args.out))}", file=sys.stderr)
     if args.store:
-        print(f"normx: stored {stored.store(record)}", file=sys.stderr)
+        file = stored.store(record)
+        print(f"normx: stored {file}; calibrated_attention reads it for this model from now on"
+              f"{' (before the weights its preset ships)' if args.replace_shipped else ''} (sha256 "
+              f"{record['sha256'][:12]}; `rm {file}` undoes it)", file=sys.stderr)
     return 0

@@ -164,8 +164,11 @@ def render_citation(result, top: int = 5, color: bool = False, passes: float | N
     bold, reset = ("\033[1m", "\033[0m") if color else ("", "")
     cost = f"; about {passes:.0f} forward passes" if passes is not None else ""
     lines = [f"response: {bold}{result.response!r}{reset}",
-             f"method: {result.method} ({result.reading} scores; {len(result.sources)} sources{cost})",
-             f"{'rank':>4}  {'source':>6}  {'score':>10}  text"]
+             f"method: {result.method} ({result.reading} scores; {len(result.sources)} sources{cost})"]
+    settings = result.generation.settings
+    if settings.get("weights_file"):  # calibrated weights: which ones this run read
+        lines.append(f"weights: {settings['weights_file']} (sha256 {str(settings.get('weights_sha256'))[:12]})")
+    lines.append(f"{'rank':>4}  {'source':>6}  {'score':>10}  text")
     for rank, (index, text, score) in enumerate(result.top(top), 1):
         excerpt = " ".join(text.split())
         excerpt = excerpt if len(excerpt) <= 70 else excerpt[:69] + "…"

@@ -162,6 +162,9 @@ class Method:
     # says toward / away from the label, 0 is no effect), "relative" (a logit-like score whose zero is arbitrary:
     # compare tokens, not signs) or "magnitude" (unsigned amounts); or a function of the options that decide it
     reading: str | Callable[[Mapping[str, Any]], str] = "relative"
+    # what besides its options decides its scores on a model, as plain data (calibrated_attention: the sha256 of the
+    # weights it would read): a stored result is reused only under the same (normx evaluate context's records)
+    state: Callable[[Any, Mapping[str, Any]], dict] | None = None
 
     def __post_init__(self):
         options = self.options

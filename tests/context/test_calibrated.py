@@ -335,3 +335,29 @@ def test_kept_outcomes_are_reused_and_only_missing_families_computed(llama, tmp_
     kept = training.kept_instances(tmp_path, ["c0"], masks=4, seed=7, families=("tokens",))
     assert len(kept) == 1 and set(kept[0].features) == {"tokens"}
     assert training.kept_instances(tmp_path, ["c0"], masks=4, seed=8, families=("tokens",)) == []  # other masks
+
+
+def test_a_damaged_weights_file_is_refused_in_one_line(llama, cache, tmp_path):
+    for name, text in (("deep", "[" * 100_000), ("digits", '{"format": ' + "9" * 5000 + "}")):
+        path = tmp_path / f"{name}.json"
+        path.write_text(text)
+        with pytest.raises(ModelLoadError, match="not a calibrated weights file"):
+            stored.read(path)
+
+
+def test_store_never_puts_weights_before_shipped_ones_silently(folder, cache, tmp_path, capsys, monkeypatch):
+    model, _ = normx.load_model(folder)
+    shipped = stored.write(record_for(model, {"attention": np.ones(shape(model, get_adapter(model)))}),
+                           tmp_path / "shipped.json")
+    monkeypatch.setattr(stored, "shipped", lambda _model: shipped)
+    monkeypatch.setattr(training, "instances_for", lambda *a, **k: pytest.fail("fitted before refusing"))
+    argv = ["calibrate", folder, "--data", str(SHARED), "--kinds", "qa", "--contexts", "3", "--folds", "3", "--store"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "ships calibrated weights" in err and "--replace-shipped" in err and str(shipped) in err
+    assert main(["calibrate", folder, "--data", str(SHARED), "--replace-shipped", "--out", "x.json"]) == 2
+    assert "--replace-shipped is for --store" in capsys.readouterr().err
+    g = normx.explain_generation(model, normx.load_model(folder)[1], "the film was good.",
+                                 method="calibrated_attention", target=[5, 6], weights=str(shipped))
+    assert g.settings["weights_file"] == str(shipped)  # every result says which weights it read
+    assert g.settings["weights_sha256"] == stored.read(shipped)["sha256"]

@@ -139,3 +139,79 @@ def test_the_command_end_to_end_and_again_from_its_records(folder, tmp_path, cap
     capsys.readouterr()
     assert main([*argv, "--methods", "nosuch"]) == 2  # the last --methods counts
     assert "nosuch" in capsys.readouterr().err
+
+
+class _Example:
+    """The fields evaluate_context reads of a context example."""
+
+    def __init__(self, i):
+        self.id, self.kind, self.length, self.evidence = f"x{i}", "qa", 40, (0,)
+        self.sources = ["The film was good.", "It rained all day.", "Paris is in France."]
+        self.query = "Was the film good?"
+
+
+def _records(monkeypatch, model, tokenizer, out, weights=None, kill_after=None):
+    """evaluate_context on two contexts with calibrated_attention from ``weights``; ``kill_after``: stop writing
+    after that many bytes of the records file (a kill mid-write)."""
+    from normx.evaluation.context import readings, run
+
+    def read(model, tokenizer, prepared, method, options):
+        return readings.read_method(model, tokenizer, prepared, method, options)
+
+    monkeypatch.setattr(run, "read_method", read)
+    return run.evaluate_context(model, tokenizer, [_Example(0), _Example(1)], ["calibrated_attention", "random"],
+                                method_options={"calibrated_attention": {"weights": str(weights)}}, masks=4,
+                                max_new_tokens=2, out=out, progress=False)
+
+
+def test_records_are_whole_after_a_kill_and_never_reused_under_other_weights(tmp_path, monkeypatch):
+    from normx.evaluation.context import run
+    from normx.methods.calibrated import weights as stored
+    from normx.methods.calibrated.readings import shape
+    from normx.models import get_adapter
+    from normx.models.identity import model_identity
+
+    model, tokenizer = tiny.build("LlamaForCausalLM")
+    blocks, heads = shape(model, get_adapter(model))
+    files = []
+    for value in (1.0, -1.0):
+        record = stored.make_record("calibrated_attention", model_identity(model), ["attention"],
+                                    {"attention": np.full((blocks, heads), value)}, (blocks, heads), 1.0, "logprob",
+                                    0.5, {"contexts": 2})
+        files.append(stored.write(record, tmp_path / f"w{value}.json"))
+    monkeypatch.setattr(run, "prepare", lambda model, tok, example, n, ids=None: _prepared(model, tok, example, ids))
+    out = tmp_path / "run"
+    first = _records(monkeypatch, model, tokenizer, out, files[0])
+    file = out / run.RECORDS
+    lines = file.read_text(encoding="utf-8").splitlines()
+    file.write_text(lines[0] + "\n" + lines[1][:50], encoding="utf-8")  # killed while writing the second record
+    again = _records(monkeypatch, model, tokenizer, out, files[0])  # the second context again, the first reused
+    assert [r["readings"]["calibrated_attention"]["scores"] for r in again.records] == \
+        [r["readings"]["calibrated_attention"]["scores"] for r in first.records]
+    kept = file.read_text(encoding="utf-8").splitlines()
+    assert len(kept) == 2 and all(json.loads(line) for line in kept)  # whole lines only, the cut one gone
+    monkeypatch.setattr(run, "read_method", lambda *a: pytest.fail("a reading was recomputed"))
+    run.evaluate_context(model, tokenizer, [_Example(0), _Example(1)], ["calibrated_attention", "random"],
+                         method_options={"calibrated_attention": {"weights": str(files[0])}}, masks=4,
+                         max_new_tokens=2, out=out, progress=False)  # everything from the records now
+    other = _records(monkeypatch, model, tokenizer, out, files[1])  # other weights: read again, not reused
+    for old, new in zip(first.records, other.records):
+        assert np.allclose(new["readings"]["calibrated_attention"]["scores"],
+                           [-s for s in old["readings"]["calibrated_attention"]["scores"]])
+        assert new["readings"]["random"]["scores"] == old["readings"]["random"]["scores"]
+    assert other.settings["methods"]["calibrated_attention"]["weights_sha256"] == stored.read(files[1])["sha256"]
+    assert not list(out.glob(".*.tmp"))
+
+
+def _prepared(model, tokenizer, example, response_ids):
+    from normx.evaluation.context.readings import Prepared
+
+    prompt = " ".join(example.sources) + "\n\n" + example.query
+    ids = tokenizer(prompt)["input_ids"]
+    spans, at = [], 1
+    for source in example.sources:
+        n = len(tokenizer(" " + source, add_special_tokens=False)["input_ids"])
+        spans.append((at, min(at + n, len(ids) - 1)))
+        at += n
+    response = list(response_ids or [5, 6])
+    return Prepared(example, prompt, ids + response, len(ids), spans, "", chat=False)

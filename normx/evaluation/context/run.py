@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -82,13 +83,17 @@ def evaluate_context(model, tokenizer, examples: Sequence, methods: Sequence[str
         plan[name] = (registered, chosen)
     readings = [*methods, *supplied]
     key = _key({**dict(settings or {}), "masks": masks, "seed": seed, "max_new_tokens": max_new_tokens})
+    states = {name: _state(model, registered, chosen) for name, (registered, chosen) in plan.items()}
+    reading_keys = {name: _key({"method": registered, **chosen, **states[name]})
+                    for name, (registered, chosen) in plan.items()}
     folder = None if out is None else Path(out)
     known = {} if folder is None else _known(folder / RECORDS, key)
     records = []
     bar = tqdm(examples, desc="contexts", disable=not progress)
     for index, example in enumerate(bar):
         old = known.get(example.id)
-        todo = [r for r in readings if old is None or r not in old["readings"]]
+        todo = [r for r in readings if old is None or r not in old["readings"]
+                or old["readings"][r].get("key") != reading_keys.get(r)]  # read under other options or weights
         if old is not None and not todo:
             records.append(old)
             continue
@@ -117,15 +122,43 @@ def evaluate_context(model, tokenizer, examples: Sequence, methods: Sequence[str
                   "readings": {**(old or {}).get("readings", {}), **record["readings"]}}
         for name, base in forwards.items():
             record["readings"][name]["forward_seconds"] = base
+        for name in todo:
+            if name in reading_keys:
+                record["readings"][name]["key"] = reading_keys[name]
         records.append(record)
         if folder is not None:
-            folder.mkdir(parents=True, exist_ok=True)
-            with open(folder / RECORDS, "a", encoding="utf-8") as handle:
-                handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+            _append(folder / RECORDS, record)
     all_settings = {**dict(settings or {}), "masks": masks, "seed": seed, "max_new_tokens": max_new_tokens,
-                    "methods": {name: {"method": r, **o} for name, (r, o) in plan.items()},
+                    "methods": {name: {"method": r, **o, **states[name]} for name, (r, o) in plan.items()},
                     "supplied": list(supplied), "contexts": len(records)}
     return ContextReport(readings, records, all_settings)
+
+
+def _state(model, registered: str, chosen: Mapping) -> dict:
+    """What besides its options decides a method's scores on ``model`` (``Method.state``: the calibrated weights)."""
+    method = get_method(registered)
+    return {} if method.state is None else method.state(model, method.resolve_options(dict(chosen)))
+
+
+def _append(file: Path, record: dict) -> None:
+    """``record`` as the file's last line, the file replaced whole (a temporary file renamed over it): a run killed
+    while writing leaves the file as it was, never a line cut short; lines that do not parse are not carried over."""
+    file.parent.mkdir(parents=True, exist_ok=True)
+    lines = []
+    if file.is_file():
+        for line in file.read_text(encoding="utf-8").splitlines():
+            try:
+                json.loads(line)
+            except ValueError:
+                continue
+            lines.append(line)
+    lines.append(json.dumps(record, ensure_ascii=False))
+    temporary = file.with_name(f".{file.name}.{os.getpid()}.tmp")
+    with open(temporary, "w", encoding="utf-8") as handle:
+        handle.write("\n".join(lines) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, file)
 
 
 def _key(settings: Mapping) -> str:
@@ -141,7 +174,7 @@ def _known(file: Path, key: str) -> dict[str, dict]:
     for line in file.read_text(encoding="utf-8").splitlines():
         try:
             record = json.loads(line)
-        except json.JSONDecodeError:
+        except ValueError:
             continue
         if isinstance(record, dict) and record.get("key") == key and {"id", "readings", "lds_log_p",
                                                                        "response_ids"} <= set(record):

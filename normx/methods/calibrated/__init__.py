@@ -71,6 +71,13 @@ def load_weights(model, adapter, path: str | None) -> tuple[dict, str]:
     return record, str(where)
 
 
+def _state(model, options) -> dict:
+    """The weights a call with ``options`` would read for ``model``: their file and sha256 (``Method.state``)."""
+    path = options.get("weights")
+    record, where = (stored.read(path), path) if path is not None else stored.find(model, NAME)
+    return {"weights_file": str(where), "weights_sha256": record["sha256"]}
+
+
 def calibrated(ctx: ResponseContext) -> ResponseRows:
     record, where = load_weights(ctx.model, ctx.adapter, ctx.options["weights"])
     families = record["families"]
@@ -100,7 +107,7 @@ def calibrated(ctx: ResponseContext) -> ResponseRows:
             # only `tokens`: the model's logits from one plain pass, as the ablation methods take them
             logits = found if found is not None else outcomes(ctx, sources, np.ones((1, len(sources)), bool))[2]
     settings = {
-        "scope": "response", "weights_file": where, "families": list(families),
+        "scope": "response", "weights_file": where, "weights_sha256": record["sha256"], "families": list(families),
         "rows": "step t: sum over the weighted families (per block and head: the readings from the position that "
                 "predicts token t; per source: its share of step t, spread evenly over its tokens); a source's score "
                 "(its tokens summed over the steps) is the fitted prediction of the drop in the response's "
@@ -119,7 +126,7 @@ register_method(Method(
     "pass), fitted per model by `normx calibrate` to the response's "
     "log-probability under random source removals; one to two forward passes",
     display="Calibrated attention", response=calibrated, response_only=True, label_dependent=True, layered=False,
-    predicts=True, exclusive=True, reading="signed", supports=_supports,
+    predicts=True, exclusive=True, reading="signed", supports=_supports, state=_state,
     options=[SOURCES_OPTION, BATCH_OPTION, Option("weights", None, "a calibrated weights file (None: the ones stored "
                                                   "for the model's "
                     "fingerprint by `normx calibrate --store`, or shipped with its preset)", str, none=True)],

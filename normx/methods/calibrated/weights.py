@@ -103,8 +103,10 @@ def read(path: Path) -> dict:
         raise ModelLoadError(f"{path} is {size} bytes; a calibrated weights file is at most {MAX_BYTES}")
     try:
         record = json.loads(path.read_bytes().decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (UnicodeDecodeError, ValueError) as exc:  # (JSONDecodeError; an integer of too many digits)
         raise ModelLoadError(f"{path} is not a calibrated weights file (not UTF-8 JSON: {exc})") from None
+    except RecursionError:
+        raise ModelLoadError(f"{path} is not a calibrated weights file (JSON nested too deep)") from None
     check(record, str(path))
     return record
 
@@ -143,19 +145,33 @@ def check(record, where: str) -> None:
         raise bad("it names no model fingerprint")
 
 
+def shipped(model) -> Path | None:
+    """The weights file a preset ships for ``model`` (its fingerprint), or None."""
+    key = fingerprint(_identity(model))
+    if SHIPPED.is_dir():
+        for file in sorted(SHIPPED.glob(f"*/{FILE}")):
+            if fingerprint(read(file)["model"]) == key:
+                return file
+    return None
+
+
+def stored_file(model) -> Path:
+    """Where :func:`store` puts (and :func:`find` looks first for) the weights of ``model``."""
+    return folder() / f"{fingerprint(_identity(model))}.json"
+
+
 def find(model, method: str) -> tuple[dict, Path]:
-    """The weights stored for ``model`` (its fingerprint): the cache's file, else a preset's shipped one;
+    """The weights stored for ``model`` (its fingerprint): the cache's file (``normx calibrate --store``, which
+    refuses to put one before a preset's shipped weights unless told to), else a preset's shipped one;
     :class:`InvalidInputError` naming ``normx calibrate`` when there are none."""
     identity = _identity(model)
     key = fingerprint(identity)
     cached = folder() / f"{key}.json"
     if cached.exists() or cached.is_symlink():
         return _matching(read(cached), identity, cached), cached
-    if SHIPPED.is_dir():
-        for shipped in sorted(SHIPPED.glob(f"*/{FILE}")):
-            record = read(shipped)
-            if fingerprint(record["model"]) == key:
-                return _matching(record, identity, shipped), shipped
+    file = shipped(model)
+    if file is not None:
+        return _matching(read(file), identity, file), file
     raise InvalidInputError(
         f"{method} needs weights fitted to this model ({identity['name']}, fingerprint {key[:12]}), and none are "
         f"stored in {folder()} or shipped with a preset: fit them with `normx calibrate MODEL --data DIR --store` "
