@@ -52,6 +52,18 @@ class ContextAttribution:
     generation: Generation
     settings: dict = field(default_factory=dict)
 
+    def __eq__(self, other) -> bool:
+        """Equal texts, sources, settings and generations (:class:`Generation`'s equality: arrays as float32, NaN
+        equal to NaN), so that ``ContextAttribution.from_json(r.to_json()) == r``."""
+        if not isinstance(other, ContextAttribution):
+            return NotImplemented
+        return (self.context, self.query, self.prompt, list(self.sources)) == \
+            (other.context, other.query, other.prompt, list(other.sources)) and \
+            json.dumps(self.settings, sort_keys=True, default=str) == \
+            json.dumps(other.settings, sort_keys=True, default=str) and self.generation == other.generation
+
+    __hash__ = None
+
     @property
     def method(self) -> str:
         return self.generation.method
@@ -105,6 +117,8 @@ class ContextAttribution:
     def top(self, k: int = 3, start: int | None = None, end: int | None = None) -> list[tuple[int, str, float]]:
         """The ``k`` sources with the highest scores (for the response tokens ``start .. end - 1``):
         ``(index, text, score)``, highest first."""
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+            raise InvalidInputError(f"top(k): k must be a whole number >= 1 (the sources to show), got {k!r}")
         scores = self.attributions(start, end)
         order = np.argsort(-scores, kind="stable")[:k]
         return [(int(i), self.sources[i].text, float(scores[i])) for i in order]

@@ -78,8 +78,14 @@ def test_json_round_trip_html_and_captum(llama):
     model, tok = llama
     r = explain_context(model, tok, CONTEXT, "good?", method="contextcite", n_ablations=8, max_new_tokens=3)
     back = ContextAttribution.from_json(r.to_json())
+    assert back == r and back is not r  # whole: texts, sources, settings, the generation's rows
     np.testing.assert_allclose(back.scores, r.scores)
     assert back.sources == r.sources and back.response == r.response and back.query == "good?"
+    assert back != ContextAttribution.from_json(r.to_json().replace('"good?"', '"bad?"'))
+    assert len(r.top(99)) == 3 and len(r.top(1)) == 1
+    for k in (0, -1, 1.5, True):
+        with pytest.raises(InvalidInputError, match="k must be"):
+            r.top(k)
     data = json.loads(r.to_json())
     assert [s["score"] for s in data["sources"]] == pytest.approx(r.scores.tolist())
     page = r.to_html()
