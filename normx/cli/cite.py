@@ -34,7 +34,11 @@ def add_parser(sub, heavy: bool) -> argparse.ArgumentParser:
     parser.add_argument("--response", default=None, metavar="TEXT", help="explain this answer instead of "
                         "generating one (give the leading space it needs)")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="the most tokens to generate (default 64)")
-    parser.add_argument("--chat", action="store_true", help="wrap the prompt with the tokenizer's chat template")
+    chat = parser.add_mutually_exclusive_group()
+    chat.add_argument("--chat", dest="chat", action="store_true", default=None, help="wrap the prompt with the "
+                      "tokenizer's chat template (the default where it has one)")
+    chat.add_argument("--no-chat", dest="chat", action="store_false", help="give the prompt as it is, without the "
+                      "chat template")
     parser.add_argument("--n-ablations", type=int, default=None, help="contextcite: random source masks, one "
                         "forward pass each (default 64)")
     parser.add_argument("--top", type=int, default=5, help="how many sources to show (default 5)")
@@ -138,6 +142,13 @@ def run(args) -> int:
     from normx.context import explain_context
 
     model, tokenizer = load(args)
+    if args.chat is None:
+        from normx.context.explain import has_chat_template
+
+        args.chat = has_chat_template(tokenizer)
+        if args.chat:
+            print("normx: asking through the tokenizer's chat template (--no-chat to give the prompt as it is)",
+                  file=sys.stderr)
     result = explain_context(model, tokenizer, context, args.query, sources=args.sources, method=method,
                              response=args.response, chat=args.chat, max_new_tokens=args.max_new_tokens, **options)
     if args.json:

@@ -19,7 +19,7 @@ DEFAULT_TEMPLATE = "Context: {context}\n\nQuery: {query}"
 
 
 def explain_context(model, tokenizer, context: str | Sequence[str], query: str | None = None, *,
-                    sources: str = "sentences", method: str = "contextcite", response=None, chat: bool = False,
+                    sources: str = "sentences", method: str = "contextcite", response=None, chat: bool | None = None,
                     prompt_template: str | None = None, max_new_tokens: int = 64, separator: str = "\n\n",
                     batch_size: int = 8, scope: str | None = None, **options) -> ContextAttribution:
     """Which part of ``context`` the model's response (to ``query``) came from.
@@ -34,7 +34,9 @@ def explain_context(model, tokenizer, context: str | Sequence[str], query: str |
             ablations: ``contextcite``, the default, and ``leave_one_out``).
         response: the response to explain (a text, or token ids), as ``explain_generation``'s ``target``; ``None``:
             the model writes it (greedy, ``max_new_tokens``).
-        chat: wrap the prompt as a user message with the tokenizer's chat template (its scaffolding is no source).
+        chat: wrap the prompt as a user message with the tokenizer's chat template (its scaffolding is no source);
+            ``None`` (the default): where the tokenizer has a chat template, as a chat model is meant to be asked
+            (the result's ``settings["chat"]`` says which).
         prompt_template: the prompt with ``{context}`` (once) and optionally ``{query}`` marking their places;
             default :data:`DEFAULT_TEMPLATE` with a query, the context alone without one.
         scope: as in ``explain_generation``; default ``"response"`` for the methods that have a response-level
@@ -43,6 +45,8 @@ def explain_context(model, tokenizer, context: str | Sequence[str], query: str |
             sources' token spans.
     """
     spec = get_method(method)
+    if chat is None:
+        chat = has_chat_template(tokenizer)
     spec.resolve_options({k: v for k, v in options.items() if k != "sources"})  # bad options before any work
     limit = max_input_length(tokenizer, model_handle(model))
     room = max_new_tokens if response is None else len(response) if not isinstance(response, str) else \
@@ -99,6 +103,11 @@ def _refuse_long(tokenizer, text: str, room: int, new_tokens: int | None) -> Non
 def _way_out(generated: bool) -> str:
     more = " or fewer new tokens (max_new_tokens; normx cite: --max-new-tokens)" if generated else ""
     return f"give a shorter context{more}"
+
+
+def has_chat_template(tokenizer) -> bool:
+    """Whether ``tokenizer`` has a chat template (a chat model's prompts are wrapped in it by default)."""
+    return bool(getattr(tokenizer, "chat_template", None))
 
 
 def _prompt(context, query, how, template, separator):

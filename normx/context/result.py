@@ -74,8 +74,11 @@ class ContextAttribution:
 
     @property
     def response(self) -> str:
-        """The response's text."""
-        return self.generation.continuation
+        """The response's text, without special tokens (an end-of-turn token the model wrote is a step of the
+        response, with its row, but no text of it)."""
+        g = self.generation
+        return "".join(g.text[start:end] for (start, end), special in
+                       zip(g.offsets[g.prompt_length:], g.special[g.prompt_length:]) if not special)
 
     @property
     def response_ids(self) -> list[int]:

@@ -120,11 +120,12 @@ def check_request(context, query, sources, method, n_ablations, answer_tokens) -
         raise errors.UnknownMethodError(f"the Context view has no method {excerpt(method)}; choose one of "
                                         f"{', '.join(context_methods())}")
     whole = {}
-    for name, value, top in (("n_ablations", n_ablations, MAX_ABLATIONS), ("answer tokens", answer_tokens,
-                                                                           MAX_ANSWER_TOKENS)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 1 <= value <= top \
+    for name, value, low, top in (("n_ablations", n_ablations, 2, MAX_ABLATIONS),
+                                  ("answer tokens", answer_tokens, 1, MAX_ANSWER_TOKENS)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not low <= value <= top \
                 or value != int(value):  # the range first: NaN and infinity are refused before int()
-            raise errors.InvalidInputError(f"{name} must be a whole number from 1 to {top:,}, got {excerpt(value)}")
+            raise errors.InvalidInputError(f"{name} must be a whole number from {low} to {top:,}, got "
+                                           f"{excerpt(value)}")
         whole[name] = int(value)
     return context, query.strip(), whole["n_ablations"], whole["answer tokens"]
 
@@ -215,13 +216,14 @@ def cost_note(method, context, sources, n_ablations) -> str:
         return f"*{method}: one forward pass per {'mask' if method == 'contextcite' else 'source'}; paste a context " \
                "to see its cost.*"
     if method == "contextcite" and (isinstance(n_ablations, bool) or not isinstance(n_ablations, numbers.Real)
-                                    or not 1 <= n_ablations <= MAX_ABLATIONS or n_ablations != int(n_ablations)):
-        return f"*n_ablations must be a whole number from 1 to {MAX_ABLATIONS:,}.*"
+                                    or not 2 <= n_ablations <= MAX_ABLATIONS or n_ablations != int(n_ablations)):
+        return f"*n_ablations must be a whole number from 2 to {MAX_ABLATIONS:,}.*"
     n = int(n_ablations) if method == "contextcite" else 0
     passes = get_method(method).passes(1, 1, _cost_options(method, count, n))
     what = f"{n:,} random masks of the {count} {sources}" if n else f"one without each of the {count} {sources}"
+    repeats = f": {count} {sources} have {2 ** count} masks, each run once" if n and passes < n + 1 else ""
     return (f"*{method} on this context: about {passes:,.0f} forward passes of the model ({what}, and one with all "
-            "of them), within the server's work budget.*")
+            f"of them{repeats}), within the server's work budget.*")
 
 
 def heading(state: ContextState | None) -> str:

@@ -198,3 +198,23 @@ def test_contextcite_runs_each_distinct_mask_once(llama, monkeypatch):
     assert seen == [2]
     with pytest.raises(normx.errors.InvalidInputError, match="at least 2"):
         normx.explain_context(model, tok, ["The film was good."], "good?", method="contextcite", n_ablations=1)
+
+
+def test_a_chat_model_is_asked_through_its_template_by_default_and_no_response_shows_special_tokens(tmp_path,
+                                                                                                   capsys):
+    folder = tiny.chat_qwen2_folder(tmp_path / "chat")
+    model, tok = normx.load_model(folder)
+    end = tok.eos_token  # the template's end of turn
+    r = explain_context(model, tok, CONTEXT, "good?", method="leave_one_out", response=[5, 6, tok.eos_token_id])
+    assert r.settings["chat"] is True and r.generation.settings["chat"] is True
+    assert r.generation.text.endswith(end) and end not in r.response and r.response
+    plain = explain_context(model, tok, CONTEXT, "good?", method="leave_one_out", response=[5, 6], chat=False)
+    assert plain.settings["chat"] is False
+    (tmp_path / "ctx.txt").write_text(CONTEXT, encoding="utf-8")
+    argv = ["cite", str(tmp_path / "ctx.txt"), "--model", folder, "--query", "good?", "--method", "leave_one_out",
+            "--max-new-tokens", "3"]
+    assert main(argv) == 0
+    shown = capsys.readouterr()
+    assert "chat template (--no-chat" in shown.err and end not in shown.out.splitlines()[0]
+    assert main([*argv, "--no-chat"]) == 0
+    assert "chat template" not in capsys.readouterr().err
