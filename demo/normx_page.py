@@ -165,5 +165,5 @@ def context_view(demo, guard: Callable[[Callable], Callable], offered: list[str]
     raw = {"preprocess": False, "show_progress_on": [answer, highlighted]}
     button.click(guard(demo.cite), inputs, shown, api_name="cite", **raw)
     query.submit(guard(demo.cite), inputs, shown, api_visibility="private", **raw)
-    gr.on([method.input, context.input, sources.input, ablations.input], guard(cv.cost_note),
+    gr.on([method.change, context.change, sources.change, ablations.change], guard(cv.cost_note),  # (an example too)
           [method, context, sources, ablations], cost, queue=False, api_visibility="private", preprocess=False)

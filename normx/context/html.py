@@ -36,4 +36,5 @@ def context_html(result) -> str:
             f'<div style="{_TITLE}">{html.escape(result.method)}: which part of the context the response came from '
             f"({len(scores)} sources; {html.escape(scale.range_text())})</div>{query}"
             f'<div><b>response:</b> {html.escape(result.response)}</div>'
-            f'<div style="white-space:normal">{"".join(parts)}</div>{legend(reading)}</div>')
+            f'<div style="white-space:normal">{"".join(parts)}</div>'
+            f'{legend(reading, ("toward the response", "away from it"), "hover a source for its score")}</div>')

@@ -78,11 +78,12 @@ def swatch(reading: str, sides: tuple[str, str] | None = None) -> str:
     return f"{box(AMOUNT)} " + ("darker = higher score" if reading == "relative" else "darker = larger")
 
 
-def legend(reading: str = "signed") -> str:
-    """The colour key under a group of views: what the colours mean for this reading, said once; every view's own
-    range is in its title; hovering a unit shows its score."""
-    return (f'<div style="{_TITLE}">{swatch(reading)} &nbsp; {html.escape(READING_NOTES[reading])}; each view on '
-            "its own range (in its title); hover a unit for its score</div>")
+def legend(reading: str = "signed", sides: tuple[str, str] | None = None,
+           hover: str = "each view on its own range (in its title); hover a unit for its score") -> str:
+    """The colour key under a group of views: what the colours mean for this reading (``sides``: what red and purple
+    stand for, by default toward / away from the label), said once; ``hover``: how to read a score."""
+    return (f'<div style="{_TITLE}">{swatch(reading, sides)} &nbsp; {html.escape(READING_NOTES[reading])}; '
+            f"{html.escape(hover)}</div>")
 
 
 def _heading(e) -> str:

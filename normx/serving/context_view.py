@@ -32,9 +32,15 @@ from normx.serving.views import markdown_text, shortened
 SOURCES = ("sentences", "paragraphs", "lines")
 # one forward pass each (the attention readings; AttnLRP with one backward pass of the response's log-probability;
 # the calibrated method where it is registered), then the ablation reference: a forward pass per mask or source
-ONE_PASS = ("alti_logit", "attention", "norm_attention", "attnlrp", "calibrated_attention")
+ONE_PASS = ("calibrated_attention", "alti_logit", "attention", "norm_attention", "attnlrp")
 REFERENCE = ("contextcite", "leave_one_out")
-DEFAULT_METHOD = "alti_logit"
+# "auto", the page's default, is the most faithful reading within an interactive request's budget for the model:
+# calibrated_attention where the model has calibrated weights (LDS 0.69 held out at ~1.4x a forward on SmolLM2,
+# above every other one-pass method in docs/context.md and level with ContextCite's 16 ablations the page allows by
+# default, 0.70-0.71 on the same folds, at a tenth of their work), else ContextCite's estimator
+AUTO = "auto"
+FAITHFUL = "calibrated_attention"
+DEFAULT_METHOD = AUTO
 DEFAULT_MODEL = "smollm2"
 MAX_CONTEXT_CHARS = 8000
 MAX_QUERY_CHARS = 500
@@ -44,7 +50,9 @@ DEFAULT_ANSWER_TOKENS = 24
 # contextcite's masks by default: with SmolLM2 (0.27 GFLOP a token) 17 passes over ~300 tokens fit the default
 # budget of 1,500 GFLOP (normx.serving.server.BUDGET_GFLOP); ContextCite's own default is 64
 DEFAULT_ABLATIONS = 16
-MAX_ABLATIONS = 1_000_000  # a bound on the number itself; the work budget refuses far fewer
+# a bound on the number itself: the masks are drawn and fitted on the host (a few sources' masks repeat and run once,
+# so the work budget of their forward passes would not stop a million of them)
+MAX_ABLATIONS = 10_000
 TOP_SOURCES = 5
 ADVICE = ("shorten the context, ask for fewer ablations (contextcite) or larger sources (leave_one_out), or choose "
           "a one-pass method (alti_logit, attention, norm_attention)")
@@ -68,6 +76,18 @@ class ContextState:
     seconds: float
 
 
+def auto_method(model) -> str:
+    """What ``"auto"`` reads with on ``model``: :data:`FAITHFUL` where weights are stored or shipped for it, else
+    contextcite (a short context's masks fit the budget; a long one is refused with the advice)."""
+    from normx.methods.calibrated import weights as stored
+
+    try:
+        stored.find(model, FAITHFUL)
+    except errors.NormxError:
+        return "contextcite"
+    return FAITHFUL
+
+
 def context_methods() -> list[str]:
     """The view's methods that are registered, one-pass first, the ablation reference last."""
     registered = set(list_methods(response_only=True))
@@ -77,7 +97,8 @@ def context_methods() -> list[str]:
 def method_choices() -> list[tuple[str, str]]:
     """The method picker's (label, value) pairs, each label stating the method's cost in forward passes."""
     costs = {"contextcite": "reference: n_ablations + 1 passes", "leave_one_out": "reference: 1 pass per source + 1"}
-    return [(f"{m} · {costs.get(m, 'one pass')}", m) for m in context_methods()]
+    return [(f"{AUTO} · {FAITHFUL} where the model has weights, else contextcite", AUTO),
+            *((f"{m} · {costs.get(m, 'one pass')}", m) for m in context_methods())]
 
 
 def context_models(offered: Sequence[str]) -> list[str]:
@@ -116,7 +137,7 @@ def check_request(context, query, sources, method, n_ablations, answer_tokens) -
         check_text(value, name)
     if sources not in SOURCES:
         raise errors.InvalidInputError(f"sources must be one of {', '.join(SOURCES)}, got {excerpt(sources)}")
-    if method not in context_methods():
+    if method != AUTO and method not in context_methods():
         raise errors.UnknownMethodError(f"the Context view has no method {excerpt(method)}; choose one of "
                                         f"{', '.join(context_methods())}")
     whole = {}
@@ -159,6 +180,8 @@ def context_request(cache, model_name: str, context: str, query: str, sources: s
     if loading is not None and isinstance(model_name, str) and cache.peek(model_name) is None:
         loading(0, desc=f"loading {model_name} (first use: this can take a minute)")
     model, tokenizer = cache.get(model_name)
+    if method == AUTO:
+        method = auto_method(model)
     adapter = get_adapter(model)
     if adapter.kind is not HeadKind.CAUSAL_LM:
         raise errors.UnsupportedModelError(
@@ -206,6 +229,10 @@ def _check_calibrated(model, model_name: str) -> None:
 def cost_note(method, context, sources, n_ablations) -> str:
     """Markdown beside the method picker: what ``method`` costs on this context, in forward passes of the model
     (:meth:`normx.methods.registry.Method.passes`); never raises (it follows every edit)."""
+    if method == AUTO:
+        return (f"*{AUTO}: {FAITHFUL} (about one and a half forward passes) where the model has calibrated weights "
+                "(the smollm2 preset ships them), else contextcite (a forward pass per mask): the most faithful "
+                "reading this page can afford.*")
     if method not in context_methods():
         return ""
     if method not in REFERENCE:

@@ -33,7 +33,8 @@ PAGE_CSS = (  # the demo page's styles of its views: titles and keys in the body
     ".normx-title {font-size: 0.95em; font-weight: 600; color: var(--body-text-color); margin-top: 4px}\n"
     ".normx-key {font-size: 0.85em; color: var(--body-text-color); margin-bottom: 2px}\n"
     ".normx-unit {border-radius: 3px; padding: 1px 1px}\n"
-    ".normx-context, .normx-context div {color: var(--body-text-color) !important}\n")  # the Context view's HTML
+    ".normx-context, .normx-context div {color: var(--body-text-color) !important}\n"  # the Context view's HTML
+    "#normx-ctx-top th:nth-child(-n+3), #normx-ctx-top td:nth-child(-n+3) {white-space: nowrap}\n")  # rank, score
 MAX_LABEL_VIEWS = 4  # highlighted views per request; models with more labels show the most probable ones
 LEGEND = (
     "Colours follow each method's scores: **signed** scores (Gradient×Input summed, DecompX, every contrast) red "
