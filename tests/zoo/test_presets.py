@@ -91,3 +91,21 @@ def test_reported_metric_is_reproduced(name):
     model, tokenizer = normx.load_model(name)
     result = evaluate(model, tokenizer, preset.recipe.task, SHARED, progress=False)
     assert result["value"] == pytest.approx(preset.metrics()["value"], abs=0.005)
+
+
+def test_a_preset_tells_of_its_first_conversion(monkeypatch, caplog):
+    """The smollm2 preset's base is a GGUF file converted once: load_model passes its notify (by default the normx
+    logger's warning, shown on standard error) to the conversion, as for a GGUF file given by path."""
+    import logging
+
+    from normx.models import gguf
+
+    seen = []
+    real = gguf.converted_folder
+    monkeypatch.setattr(gguf, "converted_folder", lambda *a, **k: seen.append(k.get("notify")) or real(*a, **k))
+    normx.load_model("smollm2", notify=print)
+    assert seen and seen[-1] is print
+    normx.load_model("smollm2")
+    with caplog.at_level(logging.WARNING, logger="normx"):
+        seen[-1]("converting ...")
+    assert "converting ..." in caplog.text
