@@ -220,6 +220,29 @@ def goals(data: dict, entries: list[dict]) -> list[str]:
     return lines
 
 
+HOST_GOALS = {"normxlogit": 1.10, "attention": 1.30, "norm_attention": 1.30}  # issue #55's bars on the stand-in
+
+
+def host_table(entries: list[dict]) -> list[str]:
+    """bench/test_host_overhead.py: each reading beside the model's own forward on the CPU stand-in for a card."""
+    rows = []
+    for e in entries:
+        x = e["extra_info"]
+        if x["level"] != "host_overhead" or "ratio_to_forward" not in x:
+            continue
+        goal = HOST_GOALS.get(x["method"])
+        mark = "" if goal is None else (" ✓" if x["ratio_to_forward"] <= goal else f" (bar {goal:.2f}×)")
+        what = "classification, batch 1" if x["case"] == "classification" else f"{x['steps']} steps"
+        tokenize = x.get("tokenize_s")
+        rows.append([x["case"], f"{x['tokens']:,}", what, x["method"], f"{x['ratio_to_forward']:.3f}×{mark}",
+                     _time(x["per_instance_s"]), _time(x["forward_per_instance_s"]),
+                     "–" if tokenize is None else _time(tokenize)])
+    if not rows:
+        return []
+    return [*_table(["case", "tokens", "what", "reading", "ratio to the forward", "normx", "forward",
+                     "tokenising the prompt"], rows), ""]
+
+
 def render(data: dict, command: str | None = None, compact: bool = False, level: int = 2, note: str | None = None
            ) -> str:
     """The markdown, headings from ``level``; ``compact``: the goals, the encoded-batch tables of one model
@@ -238,12 +261,17 @@ def render(data: dict, command: str | None = None, compact: bool = False, level:
     if compact:
         models = [e["extra_info"]["model"] for e in entries if e["extra_info"]["level"] == "batch"]
         shown = "bert-base" if "bert-base" in models else (models[0] if models else None)
-        speed = [e for e in entries if e["extra_info"]["model"] == shown]
-    lines += [f"{h} Time per instance on an encoded batch (ratio to the plain forward, interleaved)", ""]
-    lines += speed_tables(speed, "batch")
+        speed = [e for e in entries if e["extra_info"].get("model") == shown]
+    batch = speed_tables(speed, "batch")
+    if batch:
+        lines += [f"{h} Time per instance on an encoded batch (ratio to the plain forward, interleaved)", "", *batch]
     e2e = speed_tables(entries, "end_to_end")
     if e2e and not compact:
         lines += [f"{h} End to end: `normx.explain` vs tokenise + forward + softmax", "", *e2e]
+    host = host_table(entries)
+    if host:
+        lines += [f"{h} Host work beside a fast forward: the CPU stand-in for a card (bench/test_host_overhead.py)",
+                  "", *host]
     maxb = max_batch_tables(entries)
     if maxb:
         lines += [f"{h} Max batch under the memory budget", "", *maxb]
