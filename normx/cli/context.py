@@ -52,6 +52,14 @@ def run(args) -> int:
         raise InvalidInputError(f"--methods names a method twice: {methods}")
     if args.max_new_tokens < 1 or args.batch_size < 1:
         raise InvalidInputError("--max-new-tokens and --batch-size must be at least 1")
+    if args.masks < 2:  # (before the model loads; evaluate_context says the same)
+        raise InvalidInputError(f"--masks must be at least 2 (the LDS is a rank correlation over them), got "
+                                f"{args.masks}")
+    from normx.cli.checks import model_task
+
+    task = model_task(args.model, getattr(args, "task", None))
+    if task is not None and task != "causal-lm":
+        raise InvalidInputError(f"evaluate context reads what a causal LM writes; {args.model!r} is a {task} model")
     examples = contexts.context_examples(kinds, args.split, args.length, args.limit, args.seed, args.data)
     output_folder(args.out)
     model, tokenizer = load(args)

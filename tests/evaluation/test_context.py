@@ -215,3 +215,15 @@ def _prepared(model, tokenizer, example, response_ids):
         at += n
     response = list(response_ids or [5, 6])
     return Prepared(example, prompt, ids + response, len(ids), spans, "", chat=False)
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--masks", "0"], "--masks must be at least 2"),
+    (["--model", "minilm-sst2"], "is a sequence-classification model"),
+])
+def test_evaluate_context_refuses_before_the_model_loads(argv, message, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("normx.zoo.loading.load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    base = ["evaluate", "context", "--model", "smollm2", "--data", str(SHARED), "--limit", "1",
+            "--out", str(tmp_path / "run")]
+    assert main([*base, *argv]) == 2
+    assert message in capsys.readouterr().err
