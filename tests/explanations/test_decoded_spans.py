@@ -44,12 +44,17 @@ def _tokenizers():
     yield "byte-level", tiny.bpe_tokenizer("llama")
     yield "wordpiece", tiny.wordpiece_tokenizer()
     yield "sentencepiece-style", _sentencepiece_style()
+    yield from _smollm2()
+
+
+def _smollm2():
+    """SmolLM2's own tokenizer, where its package is here (the other tokenizers run without it)."""
     try:
         from normx.zoo.presets import smollm2_dir
 
-        yield "smollm2", AutoTokenizer.from_pretrained(smollm2_dir(), trust_remote_code=False)
-    except Exception:  # the package or its cache is not here: the other tokenizers still run
-        pass
+        return [("smollm2", AutoTokenizer.from_pretrained(smollm2_dir(), trust_remote_code=False))]
+    except Exception:  # the package or its cache is not here
+        return []
 
 
 @pytest.mark.parametrize(("name", "tokenizer"), list(_tokenizers()))
@@ -103,12 +108,7 @@ def test_a_decoder_the_windows_do_not_read_gets_every_prefix():
 def _byte_level():
     yield "byte-level", tiny.bpe_tokenizer("llama")
     yield "gpt2-style", tiny.bpe_tokenizer("gpt2")
-    try:
-        from normx.zoo.presets import smollm2_dir
-
-        yield "smollm2", AutoTokenizer.from_pretrained(smollm2_dir(), trust_remote_code=False)
-    except Exception:  # the package or its cache is not here: the tiny tokenizers still run
-        pass
+    yield from _smollm2()
 
 
 @pytest.mark.parametrize(("name", "tokenizer"), list(_byte_level()))
