@@ -49,10 +49,13 @@ def explain_context(model, tokenizer, context: str | Sequence[str], query: str |
         chat = has_chat_template(tokenizer)
     spec.resolve_options({k: v for k, v in options.items() if k != "sources"})  # bad options before any work
     limit = max_input_length(tokenizer, model_handle(model))
-    room = max_new_tokens if response is None else len(response) if not isinstance(response, str) else \
-        len(tokenizer(response, add_special_tokens=False)["input_ids"])
+    if isinstance(response, str):
+        with tokenizer_lock(tokenizer):
+            room = len(tokenizer(response, add_special_tokens=False)["input_ids"])
+    else:
+        room = max_new_tokens if response is None else len(response)
     if isinstance(context, str):
-        _refuse_long(tokenizer, context, limit - room, max_new_tokens if response is None else None)
+        _refuse_long(tokenizer, context, limit, room, response is None)
     prompt, context_text, context_at, spans = _prompt(context, query, sources, prompt_template, separator)
     ids, offsets, special, text_at = _prompt_tokens(tokenizer, prompt, chat)
     if len(ids) + room > limit:
@@ -83,21 +86,24 @@ def explain_context(model, tokenizer, context: str | Sequence[str], query: str |
 CHARS_PER_TOKEN = 16  # a bound on a text's characters per token: beyond it, a prefix of the text is counted
 
 
-def _refuse_long(tokenizer, text: str, room: int, new_tokens: int | None) -> None:
-    """Refuse a context that cannot fit in ``room`` tokens, in time that does not grow with it: only its first
-    ``CHARS_PER_TOKEN * (room + 1)`` characters are tokenised (before it is split or tokenised whole)."""
+def _refuse_long(tokenizer, text: str, limit: int, answer: int, generated: bool) -> None:
+    """Refuse a context that cannot fit in the ``limit`` tokens the model takes beside an ``answer`` of that many
+    tokens, in time that does not grow with it: only its first ``CHARS_PER_TOKEN * (room + 1)`` characters are
+    tokenised (before it is split or tokenised whole)."""
+    room = limit - answer
     if room < 1:
-        raise InputTooLongError(f"this model takes {room + (new_tokens or 0):,} tokens, and the answer needs "
-                                f"{new_tokens:,} of them: " + _way_out(new_tokens is not None))
+        way = "give fewer new tokens (max_new_tokens; normx cite: --max-new-tokens)" if generated else \
+            "give a shorter response"
+        raise InputTooLongError(f"this model takes {limit:,} tokens and the answer needs {answer:,} of them: {way}")
     cut = CHARS_PER_TOKEN * (room + 1)
     if len(text) <= cut:
         return
     with tokenizer_lock(tokenizer):
-        count = len(tokenizer(text[:cut], add_special_tokens=False)["input_ids"])
+        count = len(tokenizer(text[:cut], add_special_tokens=False, verbose=False)["input_ids"])
     if count > room:
         raise InputTooLongError(f"the context has {len(text):,} characters, and its first {cut:,} alone are "
                                 f"{count:,} tokens, more than the {room:,} this model has for it; "
-                                + _way_out(new_tokens is not None))
+                                + _way_out(generated))
 
 
 def _way_out(generated: bool) -> str:

@@ -171,7 +171,8 @@ def test_a_long_context_is_refused_before_it_is_split(llama, monkeypatch):
     for size in (200_000, 2_000_000):
         start = time.perf_counter()
         with pytest.raises(normx.InputTooLongError, match="give a shorter context") as raised:
-            normx.explain_context(model, tok, "The film was good. " * (size // 19), "good?", method="leave_one_out")
+            normx.explain_context(model, tok, "The film was good. " * (size // 19), "good?", method="leave_one_out",
+                                  max_new_tokens=4)
         assert time.perf_counter() - start < 2.0
         assert "truncation" not in str(raised.value)
 
@@ -218,3 +219,11 @@ def test_a_chat_model_is_asked_through_its_template_by_default_and_no_response_s
     assert "chat template (--no-chat" in shown.err and end not in shown.out.splitlines()[0]
     assert main([*argv, "--no-chat"]) == 0
     assert "chat template" not in capsys.readouterr().err
+
+
+def test_an_answer_longer_than_the_model_takes_is_refused_naming_it(llama):
+    model, tok = llama
+    with pytest.raises(normx.InputTooLongError, match="give a shorter response"):
+        explain_context(model, tok, "The film was good.", "good?", method="leave_one_out", response=list(range(5, 80)))
+    with pytest.raises(normx.InputTooLongError, match="give fewer new tokens"):
+        explain_context(model, tok, "The film was good.", "good?", method="leave_one_out", max_new_tokens=80)
