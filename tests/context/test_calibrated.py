@@ -345,6 +345,7 @@ def test_a_damaged_weights_file_is_refused_in_one_line(llama, cache, tmp_path):
             stored.read(path)
 
 
+@pytest.mark.skipif(not (SHARED / "qnli").is_dir(), reason="the shared GLUE data folder is not here")
 def test_store_never_puts_weights_before_shipped_ones_silently(folder, cache, tmp_path, capsys, monkeypatch):
     model, _ = normx.load_model(folder)
     shipped = stored.write(record_for(model, {"attention": np.ones(shape(model, get_adapter(model)))}),
