@@ -87,7 +87,8 @@ def evaluate_context(model, tokenizer, examples: Sequence, methods: Sequence[str
     reading_keys = {name: _key({"method": registered, **chosen, **states[name]})
                     for name, (registered, chosen) in plan.items()}
     folder = None if out is None else Path(out)
-    known = {} if folder is None else _known(folder / RECORDS, key)
+    lines = [] if folder is None else _whole_lines(folder / RECORDS)  # read once; each new record rewrites them
+    known = _known(lines, key)
     records = []
     bar = tqdm(examples, desc="contexts", disable=not progress)
     for index, example in enumerate(bar):
@@ -127,7 +128,8 @@ def evaluate_context(model, tokenizer, examples: Sequence, methods: Sequence[str
                 record["readings"][name]["key"] = reading_keys[name]
         records.append(record)
         if folder is not None:
-            _append(folder / RECORDS, record)
+            lines.append(json.dumps(record, ensure_ascii=False))
+            _write_whole(folder / RECORDS, lines)
     all_settings = {**dict(settings or {}), "masks": masks, "seed": seed, "max_new_tokens": max_new_tokens,
                     "methods": {name: {"method": r, **o, **states[name]} for name, (r, o) in plan.items()},
                     "supplied": list(supplied), "contexts": len(records)}
@@ -140,10 +142,8 @@ def _state(model, registered: str, chosen: Mapping) -> dict:
     return {} if method.state is None else method.state(model, method.resolve_options(dict(chosen)))
 
 
-def _append(file: Path, record: dict) -> None:
-    """``record`` as the file's last line, the file replaced whole (a temporary file renamed over it): a run killed
-    while writing leaves the file as it was, never a line cut short; lines that do not parse are not carried over."""
-    file.parent.mkdir(parents=True, exist_ok=True)
+def _whole_lines(file: Path) -> list[str]:
+    """The lines of ``file`` that parse whole (a line cut short by a kill in an older version's append is dropped)."""
     lines = []
     if file.is_file():
         for line in file.read_text(encoding="utf-8").splitlines():
@@ -152,7 +152,13 @@ def _append(file: Path, record: dict) -> None:
             except ValueError:
                 continue
             lines.append(line)
-    lines.append(json.dumps(record, ensure_ascii=False))
+    return lines
+
+
+def _write_whole(file: Path, lines: list[str]) -> None:
+    """``lines`` as the file's content, replaced whole (a temporary file renamed over it): a run killed while writing
+    leaves the file as it was, never a line cut short."""
+    file.parent.mkdir(parents=True, exist_ok=True)
     temporary = file.with_name(f".{file.name}.{os.getpid()}.tmp")
     with open(temporary, "w", encoding="utf-8") as handle:
         handle.write("\n".join(lines) + "\n")
@@ -165,17 +171,12 @@ def _key(settings: Mapping) -> str:
     return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def _known(file: Path, key: str) -> dict[str, dict]:
-    """The records of ``file`` measured under ``key`` (the last line for an id wins); a line that does not parse
-    whole (a run killed while writing it) or lacks the record's fields is skipped."""
+def _known(lines: list[str], key: str) -> dict[str, dict]:
+    """The records among ``lines`` measured under ``key`` (the last line for an id wins); a record that lacks the
+    fields of one is skipped."""
     found = {}
-    if not file.is_file():
-        return found
-    for line in file.read_text(encoding="utf-8").splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
+    for line in lines:
+        record = json.loads(line)
         if isinstance(record, dict) and record.get("key") == key and {"id", "readings", "lds_log_p",
                                                                        "response_ids"} <= set(record):
             found[record["id"]] = record
