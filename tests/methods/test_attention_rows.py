@@ -13,6 +13,7 @@ import tiny
 import torch
 import transformers
 
+import normx
 from normx.core.forward import Pass
 from normx.core.hooks import hooked, output_tensor
 from normx.methods.decoder import head_rows, maps, query_rows
@@ -231,3 +232,22 @@ def test_recorded_pass_needs_no_eager_attention(method, monkeypatch):
     eager = normx.explain(model, tok, texts, method=method, layer="all")
     for mine, theirs in zip(linear, eager):
         np.testing.assert_allclose(mine.scores, theirs.scores, rtol=1e-4, atol=1e-5 * np.abs(theirs.scores).max())
+
+
+def test_the_rows_checks_are_read_once_after_the_pass(monkeypatch):
+    """Every block's checks are tensors made inside the hooks and read in one copy after the forward pass (no device
+    synchronisation inside it): the blocks' sums and mixes are all pending when the last block has run."""
+    from normx.methods.decoder import maps
+
+    model, tok = tiny.build("LlamaForCausalLM")
+    copies = []
+    real = maps.Checks.verify
+
+    def verify(self):
+        copies.append([what for what, *_ in self._pending])
+        return real(self)
+
+    monkeypatch.setattr(maps.Checks, "verify", verify)
+    normx.explain_generation(model, tok, "the film was good", method="norm_attention", target=[5, 6, 7])
+    blocks = model.config.num_hidden_layers
+    assert copies == [["sums", "mix"] * blocks]

@@ -56,13 +56,68 @@ def _rows(probs: torch.Tensor, queries: torch.Tensor, mask: torch.Tensor) -> tor
     return rows * mask[:, None, None, :].to(rows.dtype)
 
 
+class Checks:
+    """The checks of a pass's attention readings, made inside its hooks as tensors on the model's device and read
+    after the pass in one copy: no device synchronisation inside the forward (a GPU runs on while they are made)."""
+
+    def __init__(self, method: str):
+        self.method = method
+        self._pending: list[tuple] = []  # (what, worst, scale, block, dtype, unreadable)
+
+    def sums(self, rows: torch.Tensor, block: BlockAttention, dtype: torch.dtype) -> None:
+        """The rows [B, H, Q, T] must sum to one over the keys."""
+        if rows.numel():
+            self._pending.append(("sums", (rows.sum(-1) - 1).abs().max(), None, block, dtype, False))
+
+    def mix(self, rows: torch.Tensor, values: torch.Tensor, output, block: BlockAttention, queries: torch.Tensor,
+            unreadable: bool = False) -> None:
+        """The value vectors mixed by ``rows`` and pushed through the output projection must give the attention
+        module's own output at the query rows; ``unreadable``: a failure means the rows were not read right
+        (:class:`Unreadable`), not that the model is unsupported."""
+        real = output_tensor(output)
+        b = real.shape[0]
+        real = real[torch.arange(b, device=real.device)[:, None], queries]  # [B, Q, hidden]
+        mixed = torch.einsum("bhqt,bthd->bqhd", rows, values.to(rows.dtype)).reshape(*queries.shape, -1)
+        try:
+            again = block.output(mixed.to(real.dtype))
+        except RuntimeError as exc:  # a projection that does not take heads x head_dim inputs
+            raise UnsupportedModelError(
+                f"{self.method}: block {block.layer}'s {type(block.output).__name__} does not take the "
+                f"{mixed.shape[-1]} mixed value features ({rows.shape[1]} heads x {block.head_dim}): "
+                f"{str(exc).splitlines()[0]}") from None
+        if real.numel():
+            self._pending.append(("mix", (again.float() - real.float()).abs().max(), real.abs().max().float(), block,
+                                  real.dtype, unreadable))
+
+    def verify(self) -> None:
+        """Every check, in the order made; the first that fails raises (:class:`Unreadable` or
+        :class:`UnsupportedModelError`)."""
+        if not self._pending:
+            return
+        found = torch.stack([torch.stack([w.float().cpu(), (w if s is None else s).float().cpu()])
+                             for _, w, s, *_ in self._pending]).tolist()  # one copy off the device
+        pending, self._pending = self._pending, []
+        for (what, _, _, block, dtype, unreadable), (worst, scale) in zip(pending, found):
+            name = type(block.attention).__name__
+            if what == "sums" and worst > (1e-3 if dtype in (torch.float32, torch.float64) else 5e-2):
+                raise UnsupportedModelError(
+                    f"{self.method} reads attention probabilities that sum to one over the keys; block {block.layer}'s "
+                    f"{name} gave rows that are off by {worst:.3g} (attention sinks, or weights that are not a "
+                    "softmax over the tokens)")
+            if what == "mix" and worst > tolerance(dtype) * max(scale, 1e-6):
+                message = (f"{self.method} reads the value vectors of block {block.layer}'s {name} from its "
+                           f"{type(block.values).__name__}, but mixed by the attention probabilities and projected "
+                           f"by its {type(block.output).__name__} they do not give the module's own output (off by "
+                           f"{worst:.3g} of {scale:.3g}): this model computes its attention in a way the method does "
+                           "not read")
+                raise Unreadable(message) if unreadable else UnsupportedModelError(message)
+
+
 def _check_sums(rows: torch.Tensor, block: BlockAttention, method: str, dtype: torch.dtype) -> None:
-    worst = float((rows.sum(-1) - 1).abs().max()) if rows.numel() else 0.0
-    if worst > (1e-3 if dtype in (torch.float32, torch.float64) else 5e-2):
-        raise UnsupportedModelError(
-            f"{method} reads attention probabilities that sum to one over the keys; block {block.layer}'s "
-            f"{type(block.attention).__name__} gave rows that are off by {worst:.3g} (attention sinks, or weights "
-            "that are not a softmax over the tokens)")
+    """:meth:`Checks.sums`, read at once."""
+    checks = Checks(method)
+    checks.sums(rows, block, dtype)
+    checks.verify()
 
 
 def _norm_rows(rows: torch.Tensor, values: torch.Tensor, block: BlockAttention) -> torch.Tensor:
@@ -97,27 +152,11 @@ def repeat_values(values: torch.Tensor, heads: int, block: BlockAttention, metho
 
 
 def check_mix(rows: torch.Tensor, values: torch.Tensor, output, block: BlockAttention, queries: torch.Tensor,
-               method: str) -> None:
-    """The value vectors mixed by ``rows`` and pushed through the output projection must give the attention
-    module's own output at the query rows."""
-    real = output_tensor(output)
-    b = real.shape[0]
-    real = real[torch.arange(b, device=real.device)[:, None], queries]  # [B, Q, hidden]
-    mixed = torch.einsum("bhqt,bthd->bqhd", rows, values.to(rows.dtype)).reshape(*queries.shape, -1)
-    try:
-        again = block.output(mixed.to(real.dtype))
-    except RuntimeError as exc:  # a projection that does not take heads x head_dim inputs
-        raise UnsupportedModelError(
-            f"{method}: block {block.layer}'s {type(block.output).__name__} does not take the {mixed.shape[-1]} "
-            f"mixed value features ({rows.shape[1]} heads x {block.head_dim}): {str(exc).splitlines()[0]}") from None
-    scale = float(real.abs().max()) if real.numel() else 0.0
-    worst = float((again.float() - real.float()).abs().max()) if real.numel() else 0.0
-    if worst > tolerance(real.dtype) * max(scale, 1e-6):
-        raise UnsupportedModelError(
-            f"{method} reads the value vectors of block {block.layer}'s {type(block.attention).__name__} from its "
-            f"{type(block.values).__name__}, but mixed by the attention probabilities and projected by its "
-            f"{type(block.output).__name__} they do not give the module's own output (off by {worst:.3g} of "
-            f"{scale:.3g}): this model computes its attention in a way the method does not read")
+              method: str) -> None:
+    """:meth:`Checks.mix`, read at once."""
+    checks = Checks(method)
+    checks.mix(rows, values, output, block, queries)
+    checks.verify()
 
 
 def _needed(layers: list[int], aggregate: bool) -> list[int]:
@@ -215,7 +254,7 @@ def _read_blocks(run: Pass, queries: torch.Tensor, read: dict[int, BlockAttentio
             scores = block_scores(block, {k: v for k, v in seen.items() if k != "values"}, kwargs, mask)
             rows = scores.probabilities(queries)  # padding keys are zero (not allowed)
         if probs is not None or scores.sinks is None:  # (a sink's share goes to no token)
-            _check_sums(rows, block, method, rows.dtype if probs is None else probs.dtype)
+            checks.sums(rows, block, rows.dtype if probs is None else probs.dtype)
         if block.parts is None:
             out[block.layer] = keep(block, rows, None)
             return None
@@ -224,17 +263,15 @@ def _read_blocks(run: Pass, queries: torch.Tensor, read: dict[int, BlockAttentio
             raise UnsupportedModelError(f"{method}: block {block.layer}'s {type(block.values).__name__} did not run "
                                         "before its attention returned, so its output is not the values it mixed")
         values = repeat_values(values, rows.shape[1], block, method)
-        try:
-            check_mix(rows, values, output, block, queries, method)
-        except UnsupportedModelError as exc:
-            if probs is None:  # the recomputed rows: read the module's own probabilities instead
-                raise Unreadable(str(exc)) from None
-            raise
+        # recomputed rows that do not give the output: read the module's own probabilities instead (Unreadable)
+        checks.mix(rows, values, output, block, queries, unreadable=probs is None)
         out[block.layer] = keep(block, rows, values)
         return None
 
+    checks = Checks(method)
     with hooked(modules, on_call):
         run.run()
+    checks.verify()  # every block's checks, read once after the pass
     return out
 
 
