@@ -151,8 +151,8 @@ def context_view(demo, guard: Callable[[Callable], Callable], offered: list[str]
             with gr.Row():
                 sources = gr.Radio(list(cv.SOURCES), value="sentences", label="Sources",
                                    elem_id="normx-ctx-sources")
-                ablations = gr.Number(cv.DEFAULT_ABLATIONS, precision=0, minimum=2, elem_id="normx-ctx-ablations",
-                                      label="n_ablations (contextcite)")
+                ablations = gr.Number(cv.DEFAULT_ABLATIONS, precision=0, minimum=cv.MIN_ABLATIONS,
+                                      elem_id="normx-ctx-ablations", label="n_ablations (contextcite)")
                 answer_tokens = gr.Slider(1, cv.MAX_ANSWER_TOKENS, value=cv.DEFAULT_ANSWER_TOKENS, step=1,
                                           label="Answer tokens (greedy)", elem_id="normx-ctx-answer-tokens")
             button = gr.Button("Answer and attribute", variant="primary", elem_id="normx-ctx-explain")

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from normx.core.inputs import check_text
-from normx.errors import ModelLoadError
+from normx.errors import InvalidInputError, ModelLoadError
 
 
 def check_texts(texts: list[str], what: str = "text") -> None:
@@ -85,6 +85,14 @@ def model_task(model: str, task: str | None = None) -> str | None:
         return None
     kind = head_kind(names[0]) if names and isinstance(names[0], str) else None
     return None if kind is None else kind.value.replace("_", "-")
+
+
+def refuse_unless_causal_lm(model: str, task: str | None, command: str) -> None:
+    """Before the load: refuse a ``--model`` whose preset or config (:func:`model_task`) says it is no causal LM."""
+    found = model_task(model, task)
+    if found is not None and found != "causal-lm":
+        raise InvalidInputError(f"{command} reads what a causal LM writes; {model!r} is a {found} model (use a "
+                                "causal LM: `normx models` lists the presets, e.g. smollm2)")
 
 
 def _config_blocks(folder: Path) -> int | None:

@@ -61,11 +61,7 @@ def cite_methods() -> list[str]:
 
     context = list_methods(response_only=True)
     first = [name for name in context if get_method(name).response_only]
-    return first + [name for name in context if name not in first and _explains_generation(get_method(name))]
-
-
-def _explains_generation(method) -> bool:
-    return bool(method.per_position or method.query_rows or method.steps or method.response or method.model_free)
+    return first + [name for name in context if name not in first and get_method(name).explains_generation]
 
 
 def cite_method(given: str) -> tuple[str, dict]:
@@ -110,7 +106,7 @@ def read_context(path: str) -> str:
 
 
 def run(args) -> int:
-    from normx.cli.checks import model_task
+    from normx.cli.checks import refuse_unless_causal_lm
     from normx.cli.flags import given_options
     from normx.methods import get_method
 
@@ -118,10 +114,7 @@ def run(args) -> int:
     # the context (its length is checked against the model's once the model is there: explain_context)
     method, tagged = cite_method(args.method)
     spec = get_method(method)
-    task = model_task(args.model, getattr(args, "task", None))
-    if task is not None and task != "causal-lm":
-        raise InvalidInputError(f"cite explains what a causal LM writes; {args.model!r} is a {task} model (use a "
-                                "causal LM: `normx models` lists the presets, e.g. smollm2)")
+    refuse_unless_causal_lm(args.model, getattr(args, "task", None), "cite")
     context = read_context(args.context)
     if args.query is not None:
         check_texts([args.query], "--query text")

@@ -55,11 +55,9 @@ def run(args) -> int:
     if args.masks < 2:  # (before the model loads; evaluate_context says the same)
         raise InvalidInputError(f"--masks must be at least 2 (the LDS is a rank correlation over them), got "
                                 f"{args.masks}")
-    from normx.cli.checks import model_task
+    from normx.cli.checks import refuse_unless_causal_lm
 
-    task = model_task(args.model, getattr(args, "task", None))
-    if task is not None and task != "causal-lm":
-        raise InvalidInputError(f"evaluate context reads what a causal LM writes; {args.model!r} is a {task} model")
+    refuse_unless_causal_lm(args.model, getattr(args, "task", None), "evaluate context")
     examples = contexts.context_examples(kinds, args.split, args.length, args.limit, args.seed, args.data)
     output_folder(args.out)
     model, tokenizer = load(args)

@@ -188,6 +188,12 @@ class Method:
         return reading
 
     @property
+    def explains_generation(self) -> bool:
+        """It reads what a causal LM writes by one of explain_generation's own computations (one pass for every
+        step, per-step or response-level passes, or no model at all), not by a pass per prefix of its own."""
+        return bool(self.per_position or self.query_rows or self.steps or self.response or self.model_free)
+
+    @property
     def all_layers(self) -> str | None:
         """The ``layer`` argument for every layer it has: ``"all"``, or ``None`` for a method without per-layer
         scores (gradients: layer 0 only)."""

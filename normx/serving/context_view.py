@@ -21,6 +21,7 @@ from normx.core.concurrency import tokenizer_lock
 from normx.core.handle import model_handle
 from normx.core.inputs import check_text, max_input_length
 from normx.methods import get_method, list_methods
+from normx.methods.ablation import MIN_ABLATIONS
 from normx.methods.ablation.sources import split_text
 from normx.models import HeadKind, get_adapter
 from normx.serving.budget import estimate_gflop
@@ -141,7 +142,7 @@ def check_request(context, query, sources, method, n_ablations, answer_tokens) -
         raise errors.UnknownMethodError(f"the Context view has no method {excerpt(method)}; choose one of "
                                         f"{', '.join(context_methods())}")
     whole = {}
-    for name, value, low, top in (("n_ablations", n_ablations, 2, MAX_ABLATIONS),
+    for name, value, low, top in (("n_ablations", n_ablations, MIN_ABLATIONS, MAX_ABLATIONS),
                                   ("answer tokens", answer_tokens, 1, MAX_ANSWER_TOKENS)):
         if isinstance(value, bool) or not isinstance(value, numbers.Real) or not low <= value <= top \
                 or value != int(value):  # the range first: NaN and infinity are refused before int()
@@ -243,8 +244,9 @@ def cost_note(method, context, sources, n_ablations) -> str:
         return f"*{method}: one forward pass per {'mask' if method == 'contextcite' else 'source'}; paste a context " \
                "to see its cost.*"
     if method == "contextcite" and (isinstance(n_ablations, bool) or not isinstance(n_ablations, numbers.Real)
-                                    or not 2 <= n_ablations <= MAX_ABLATIONS or n_ablations != int(n_ablations)):
-        return f"*n_ablations must be a whole number from 2 to {MAX_ABLATIONS:,}.*"
+                                    or not MIN_ABLATIONS <= n_ablations <= MAX_ABLATIONS
+                                    or n_ablations != int(n_ablations)):
+        return f"*n_ablations must be a whole number from {MIN_ABLATIONS} to {MAX_ABLATIONS:,}.*"
     n = int(n_ablations) if method == "contextcite" else 0
     passes = get_method(method).passes(1, 1, _cost_options(method, count, n))
     what = f"{n:,} random masks of the {count} {sources}" if n else f"one without each of the {count} {sources}"

@@ -39,6 +39,7 @@ from normx.methods.response import ResponseContext, ResponseRows
 from normx.models import HeadKind
 
 SOURCES = (*SPLITS, "tokens")
+MIN_ABLATIONS = 2  # a surrogate fitted on one mask scores every source 0
 # tokens per source for a cost estimate when the sources are not given as spans (English prose, SmolLM2's tokenizer)
 _TOKENS_PER_SOURCE = {"sentences": 20, "paragraphs": 80, "lines": 20, "words": 1.3, "tokens": 1}
 
@@ -169,9 +170,9 @@ def _check(options: dict[str, Any]) -> dict[str, Any]:
             raise InvalidInputError(f"sources={sources!r} is not allowed; use one of {SOURCES} or a list of "
                                     "(start, end) token spans")
         options["sources"] = check_spans(sources)
-    if "n_ablations" in options and options["n_ablations"] < 2:
-        raise InvalidInputError(f"n_ablations must be at least 2 (a surrogate fitted on one mask scores every source "
-                                f"0), got {options['n_ablations']}")
+    if "n_ablations" in options and options["n_ablations"] < MIN_ABLATIONS:
+        raise InvalidInputError(f"n_ablations must be at least {MIN_ABLATIONS} (a surrogate fitted on one mask scores "
+                                f"every source 0), got {options['n_ablations']}")
     if "keep_probability" in options and not 0 < options["keep_probability"] < 1:
         raise InvalidInputError(f"keep_probability must be between 0 and 1, got {options['keep_probability']}")
     if "lasso_alpha" in options and options["lasso_alpha"] < 0:

@@ -61,21 +61,25 @@ NAME = "calibrated_attention"
 def load_weights(model, adapter, path: str | None) -> tuple[dict, str]:
     """The weights record for ``model`` (from ``path``, or stored for its fingerprint), checked against the
     model's shape; and where it came from."""
-    if path is None:
-        record, where = stored.find(model, NAME)
-    else:
-        record, where = stored.read(path), path
+    record, where = _weights_record(model, path)
     if tuple(record["shape"]) != shape(model, adapter):
         raise InvalidInputError(f"{where} holds weights for {record['shape'][0]} blocks x {record['shape'][1]} heads; "
                                 f"this model has {shape(model, adapter)[0]} x {shape(model, adapter)[1]}")
-    return record, str(where)
+    return record, where
+
+
+def _weights_record(model, path: str | None) -> tuple[dict, str]:
+    """The weights record in ``path``, else the one stored or shipped for ``model``; and where it came from."""
+    if path is None:
+        record, where = stored.find(model, NAME)
+        return record, str(where)
+    return stored.read(path), str(path)
 
 
 def _state(model, options) -> dict:
     """The weights a call with ``options`` would read for ``model``: their file and sha256 (``Method.state``)."""
-    path = options.get("weights")
-    record, where = (stored.read(path), path) if path is not None else stored.find(model, NAME)
-    return {"weights_file": str(where), "weights_sha256": record["sha256"]}
+    record, where = _weights_record(model, options.get("weights"))
+    return {"weights_file": where, "weights_sha256": record["sha256"]}
 
 
 def calibrated(ctx: ResponseContext) -> ResponseRows:

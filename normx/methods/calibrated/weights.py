@@ -147,17 +147,18 @@ def check(record, where: str) -> None:
 
 def shipped(model) -> Path | None:
     """The weights file a preset ships for ``model`` (its fingerprint), or None."""
-    key = fingerprint(_identity(model))
+    found = _shipped(fingerprint(_identity(model)))
+    return None if found is None else found[1]
+
+
+def _shipped(key: str) -> tuple[dict, Path] | None:
+    """(record, file) of the weights a preset ships for the model fingerprint ``key``, or None."""
     if SHIPPED.is_dir():
         for file in sorted(SHIPPED.glob(f"*/{FILE}")):
-            if fingerprint(read(file)["model"]) == key:
-                return file
+            record = read(file)
+            if fingerprint(record["model"]) == key:
+                return record, file
     return None
-
-
-def stored_file(model) -> Path:
-    """Where :func:`store` puts (and :func:`find` looks first for) the weights of ``model``."""
-    return folder() / f"{fingerprint(_identity(model))}.json"
 
 
 def find(model, method: str) -> tuple[dict, Path]:
@@ -169,9 +170,9 @@ def find(model, method: str) -> tuple[dict, Path]:
     cached = folder() / f"{key}.json"
     if cached.exists() or cached.is_symlink():
         return _matching(read(cached), identity, cached), cached
-    file = shipped(model)
-    if file is not None:
-        return _matching(read(file), identity, file), file
+    found = _shipped(key)
+    if found is not None:
+        return _matching(found[0], identity, found[1]), found[1]
     raise InvalidInputError(
         f"{method} needs weights fitted to this model ({identity['name']}, fingerprint {key[:12]}), and none are "
         f"stored in {folder()} or shipped with a preset: fit them with `normx calibrate MODEL --data DIR --store` "
