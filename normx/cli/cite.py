@@ -29,7 +29,8 @@ def add_parser(sub, heavy: bool) -> argparse.ArgumentParser:
     parser.add_argument("--sources", default="sentences", choices=SOURCES, help="how the context is split "
                         "(default sentences: nltk Punkt, offline; a line break ends one)")
     parser.add_argument("--method", default="contextcite", help="contextcite (default; contextcite@N: N "
-                        "ablations), leave_one_out, calibrated_attention, or a method of `normx methods` that explains "
+                        "ablations), budgeted (budgeted@fast / @balanced / @faithful / @N: a budget of N forward "
+                        "passes), leave_one_out, calibrated_attention, or a method of `normx methods` that explains "
                         "a causal LM (the gradient methods and attnlrp at the response level)")
     parser.add_argument("--response", default=None, metavar="TEXT", help="explain this answer instead of "
                         "generating one (give the leading space it needs)")
@@ -81,8 +82,14 @@ def cite_method(given: str) -> tuple[str, dict]:
 
     if "n_ablations" in get_method(name).options and tag.isdigit():
         return name, {"n_ablations": int(tag)}
-    raise InvalidInputError(f"--method {given!r}: NAME@N sets the ablations of a method that takes them "
-                            f"(contextcite@32 is --method contextcite --n-ablations 32); {name} takes none")
+    if "budget" in get_method(name).options:
+        from normx.methods.ablation.budgeted import budget_value
+
+        budget_value(tag)  # a named budget or a number of passes, else its error
+        return name, {"budget": float(tag) if tag[:1].isdigit() else tag}
+    raise InvalidInputError(f"--method {given!r}: NAME@N sets the ablations (contextcite@32: --n-ablations 32) or the "
+                            f"budget (budgeted@fast, budgeted@6: --budget) of a method that takes them; {name} takes "
+                            "neither")
 
 
 def read_context(path: str) -> str:

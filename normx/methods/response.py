@@ -37,6 +37,7 @@ class ResponseContext:
     prompt_length: int  # how many of item.ids are the prompt
     options: dict[str, Any] = field(default_factory=dict)  # the method's options, defaults filled in
     batch_size: int = 8  # sequences per forward pass
+    notes: dict[str, Any] = field(default_factory=dict)  # what the computation tells of itself (engines it ran)
 
     @property
     def model(self) -> torch.nn.Module:

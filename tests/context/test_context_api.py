@@ -132,7 +132,7 @@ def test_cite_end_to_end(llama_folder, tmp_path, capsys):
     (["cite", "CTX", "--model", "M", "--query", " "], "--query text"),
     (["cite", "BIN", "--model", "M"], "not UTF-8"),
     (["cite", "CTX", "--model", "M", "--method", "contextcit"], "did you mean 'contextcite'?"),
-    (["cite", "CTX", "--model", "M", "--method", "leave_one_out@32"], "contextcite@32 is --method contextcite"),
+    (["cite", "CTX", "--model", "M", "--method", "leave_one_out@32"], "contextcite@32: --n-ablations 32"),
     (["cite", "CTX", "--model", "M", "--method", "contextcite@8", "--n-ablations", "16"], "disagree"),
     (["cite", "CTX", "--model", "M", "--n-ablations", "1"], "n_ablations must be at least 2"),
     (["cite", "CTX", "--model", "minilm-sst2"], "is a sequence-classification model"),
@@ -152,11 +152,15 @@ def test_cite_lists_its_own_methods_and_takes_contextcite_at_n():
     from normx.cli.cite import cite_method, cite_methods
 
     methods = cite_methods()
-    assert methods[:3] == ["calibrated_attention", "contextcite", "leave_one_out"]  # the context methods first
+    assert methods[:4] == ["budgeted", "calibrated_attention", "contextcite", "leave_one_out"]  # context methods first
     assert "globenc" not in methods and "value_zeroing" not in methods  # encoder-only mixing maps
     assert not any(normx.methods.get_method(m).experimental for m in methods)
     assert cite_method("contextcite@32") == ("contextcite", {"n_ablations": 32})
     assert cite_method("leave_one_out") == ("leave_one_out", {})
+    assert cite_method("budgeted@fast") == ("budgeted", {"budget": "fast"})
+    assert cite_method("budgeted@12") == ("budgeted", {"budget": 12.0})
+    with pytest.raises(InvalidInputError, match="budget"):
+        cite_method("budgeted@cheap")
 
 
 def test_a_long_context_is_refused_before_it_is_split(llama, monkeypatch):

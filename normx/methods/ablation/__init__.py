@@ -33,15 +33,15 @@ import numpy as np
 from normx.errors import InputWarning, InvalidInputError
 from normx.methods.ablation.forwards import outcomes
 from normx.methods.ablation.lasso import surrogate
-from normx.methods.ablation.sources import SPLITS, check_spans, split_text, token_sources
+from normx.methods.ablation.sources import SPLITS, auto_split, check_spans, split_text, token_sources
 from normx.methods.registry import Context, Method, Option, register_method
 from normx.methods.response import ResponseContext, ResponseRows
 from normx.models import HeadKind
 
-SOURCES = (*SPLITS, "tokens")
+SOURCES = ("auto", *SPLITS, "tokens")
 MIN_ABLATIONS = 2  # a surrogate fitted on one mask scores every source 0
 # tokens per source for a cost estimate when the sources are not given as spans (English prose, SmolLM2's tokenizer)
-_TOKENS_PER_SOURCE = {"sentences": 20, "paragraphs": 80, "lines": 20, "words": 1.3, "tokens": 1}
+_TOKENS_PER_SOURCE = {"auto": 20, "sentences": 20, "paragraphs": 80, "lines": 20, "words": 1.3, "tokens": 1}
 
 
 def prompt_sources(ctx: ResponseContext) -> list[list[int]]:
@@ -56,7 +56,9 @@ def prompt_sources(ctx: ResponseContext) -> list[list[int]]:
         found = [[i] for i in range(length) if not item.special[i] and item.offsets[i][1] > item.offsets[i][0]
                  and item.offsets[i][0] < end and item.offsets[i][1] > start]
     else:
-        spans = [(a + start, b + start) for a, b in split_text(item.text[start:end], how)]
+        text = item.text[start:end]
+        split = auto_split(text)[1] if how == "auto" else split_text(text, how)
+        spans = [(a + start, b + start) for a, b in split]
         found = [members for members in token_sources(spans, item.offsets, item.special, length) if members]
     if not found:
         raise InvalidInputError(f"the prompt has no {how} to score as sources")
@@ -210,7 +212,8 @@ def _supports(adapter) -> str | None:
     return None
 
 
-SOURCES_OPTION = Option("sources", "sentences", "the prompt's parts to score: sentences, paragraphs, lines, words, "
+SOURCES_OPTION = Option("sources", "auto", "the prompt's parts to score: auto (the prompt before its closing question, "
+                        "in paragraphs where it has passages, else in sentences), sentences, paragraphs, lines, words, "
                         "tokens, or a list of (start, end) token spans")
 BATCH_OPTION = Option("internal_batch_size", None, "ablated sequences per forward pass (None: explain_generation's "
                       "batch_size)", int, none=True)
@@ -235,3 +238,5 @@ register_method(Method(
              Option("fit", "response", "response: one surrogate of the whole response (ContextCite's); steps: one "
                     "per response token", str, ("response", "steps")), BATCH_OPTION],
     cost=lambda tokens, targets, options: _distinct_masks(options["sources"], options["n_ablations"]), **COMMON))
+
+from normx.methods.ablation import budgeted  # noqa: E402,F401 (registers the budgeted method, built on the above)

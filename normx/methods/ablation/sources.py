@@ -72,6 +72,49 @@ def split_text(text: str, how: str = "sentences") -> list[tuple[int, int]]:
     return out
 
 
+_LABEL = re.compile(r"\s*(context|documents?|passages?|sources?|text)\s*:\s*", re.IGNORECASE)
+_ASKING = re.compile(r"\s*(question|query|q|answer|a|claim|task|instruction)s?\s*:", re.IGNORECASE)
+
+
+def question_start(text: str) -> int:
+    """Where ``text``'s closing question begins: the run of lines at its end that ask (a ``Question:`` / ``Query:`` /
+    ``Answer:`` label, or a line ending in ``?``) or are short (under a quarter of its longest line), as
+    ``"Question: ...\nAnswer:"`` after a context; never its first line. ``len(text)`` when none does."""
+    lines = split_text(text, "lines")
+    longest = max((b - a for a, b in lines), default=0)
+    k = len(lines)
+    while k > 1:
+        a, b = lines[k - 1]
+        if not (_ASKING.match(text, a) or text[b - 1] == "?" or 4 * (b - a) < longest):
+            break
+        k -= 1
+    return lines[k][0] if k < len(lines) else len(text)
+
+
+def auto_split(text: str) -> tuple[str, list[tuple[int, int]]]:
+    """``sources="auto"``: the text before its closing question (:func:`question_start`) split into paragraphs when
+    at least two of them hold more than one sentence (documents, passages), else into sentences; ``(how, spans)``."""
+    end = question_start(text)
+    label = _LABEL.match(text, 0, end)  # "Context: ..." / "Documents:": the label is no part of a source
+    body = text[label.end() if label else 0:end]
+    offset = label.end() if label else 0
+    paragraphs = []
+    for a, b in split_text(body, "paragraphs"):  # a heading line ("Context:", "Documents:") joins what follows
+        if paragraphs and _heading(body, *paragraphs[-1]):
+            a = paragraphs.pop()[0]
+        paragraphs.append((a, b))
+    long = sum(len(split_text(body[a:b], "sentences")) > 1 for a, b in paragraphs)
+    how = "paragraphs" if long >= 2 else "sentences"
+    spans = paragraphs if how == "paragraphs" else split_text(body, "sentences")
+    return how, [(a + offset, b + offset) for a, b in spans]
+
+
+def _heading(text: str, start: int, end: int) -> bool:
+    """One short line ending in a colon."""
+    piece = text[start:end]
+    return piece.endswith(":") and "\n" not in piece and len(piece) <= 40
+
+
 def _stripped(text: str, start: int, end: int) -> tuple[int, int] | None:
     while start < end and text[start].isspace():
         start += 1

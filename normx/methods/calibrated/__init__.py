@@ -131,9 +131,10 @@ register_method(Method(
     "log-probability under random source removals; one to two forward passes",
     display="Calibrated attention", response=calibrated, response_only=True, label_dependent=True, layered=False,
     predicts=True, exclusive=True, reading="signed", supports=_supports, state=_state,
-    options=[SOURCES_OPTION, BATCH_OPTION, Option("weights", None, "a calibrated weights file (None: the ones stored "
-                                                  "for the model's "
-                    "fingerprint by `normx calibrate --store`, or shipped with its preset)", str, none=True)],
+    options=[Option("sources", "sentences", SOURCES_OPTION.help.replace("auto (", "auto (as the ablation methods: ")
+                    + "; the shipped weights were fitted on sentences"), BATCH_OPTION,
+             Option("weights", None, "a calibrated weights file (None: the ones stored for the model's fingerprint by "
+                    "`normx calibrate --store`, or shipped with its preset)", str, none=True)],
     # the shipped weights' cost (tokens + presence + response_norm): one forward pass and its last rows again with a
     # backward pass
     cost=lambda tokens, targets, options: PRESENCE_BUDGET))

@@ -1,0 +1,197 @@
+"""Ablated forward passes that share the prompt's unchanged beginning: a mask removes sources from some token on, and
+every token before its first removed one is the same token at the same position as in the whole sequence, with the
+same keys and values. One pass over the whole sequence keeps its key-value cache; each ablated sequence then runs
+only its kept tokens from its first removed source on (and the response), on that cache cut at that token. A mask
+that keeps the first half of the prompt costs half a pass, one that removes only the last source costs its question
+and response; the outcomes equal :func:`normx.methods.ablation.forwards.outcomes`' (the same sequences, read from the
+same positions) to float rounding.
+
+Where it holds: decoders whose cache is transformers' plain per-layer key / value tensors (``DynamicLayer``: Llama,
+Qwen, Mistral without a sliding window, GPT-NeoX, ...). A model's continuation from a cut cache is checked once per
+model against its own pass over the whole sequence (:func:`verified`); a model it does not hold for is read with
+whole passes (``outcomes``), and the method's settings say which ran.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+
+import numpy as np
+
+from normx._torch import torch
+from normx.core.hooks import output_tensor
+from normx.methods.response import ResponseContext
+
+# what one more forward pass costs beside its rows, in rows: a 2-core CPU reads a 135M model's weights in about as
+# long as it runs 60 rows (a card launches its kernels in less); a split cares only for the order of magnitude
+CALL_ROWS = 64
+_VERDICTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {dtype: bool}
+_LOCK = threading.Lock()
+
+
+def plain_layers(cache) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+    """The (keys, values) [1, heads, T, d] of every layer of a transformers ``DynamicCache`` of plain layers, or None
+    for any other cache (sliding windows, linear attention, quantised, legacy tuples)."""
+    from transformers.cache_utils import DynamicCache, DynamicLayer
+
+    if type(cache) is not DynamicCache or not cache.layers:
+        return None
+    out = []
+    for layer in cache.layers:
+        if type(layer) is not DynamicLayer or not isinstance(getattr(layer, "keys", None), torch.Tensor):
+            return None
+        out.append((layer.keys, layer.values))
+    return out
+
+
+class Prefix:
+    """One pass over the whole sequence (``ids`` [T], prompt then response), kept for the ablated sequences: its
+    last hidden states [T, H] and its per-layer keys / values (None where the model's cache is not plain)."""
+
+    def __init__(self, ctx: ResponseContext):
+        self.ctx = ctx
+        model, adapter = ctx.model, ctx.adapter
+        ids = torch.tensor([ctx.ids], device=ctx.handle.device)
+        kwargs = {k: v for k, v in adapter.forward_kwargs.items() if k != "use_cache"}
+        with ctx.handle.using(), torch.no_grad():
+            out = model.base_model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=True, **kwargs)
+        self.hidden = output_tensor(out)[0]
+        self.layers = plain_layers(_returned_cache(out))
+
+    def continue_from(self, starts: list[int], rows: list[list[int]]) -> torch.Tensor:
+        """The last hidden states [B, W, H] of ``rows`` (token ids; row r the tokens after the whole sequence's first
+        ``starts[r]``), each read after its own prefix from the cache, right-padded to the longest row: one forward
+        pass. The cache is cut at the largest start; a row with a smaller one is kept from the cached keys past its
+        own start by its attention mask (additive, in the model's dtype, so eager and SDPA attention read it alike),
+        and its positions continue from its start."""
+        from transformers.cache_utils import DynamicCache
+
+        ctx = self.ctx
+        device, dtype = self.hidden.device, self.hidden.dtype
+        width, count, cut = max(len(r) for r in rows), len(rows), max(starts)
+        ids = torch.zeros((count, width), dtype=torch.long)
+        for r, row in enumerate(rows):
+            ids[r, :len(row)] = torch.tensor(row)
+        ids = ids.to(device)
+        begin = torch.tensor(starts, device=device)
+        positions = begin[:, None] + torch.arange(width, device=device)[None]
+        keys = torch.arange(cut, device=device)
+        allowed = torch.cat([(keys[None] < begin[:, None])[:, None, :].expand(count, width, cut),
+                             torch.ones(width, width, dtype=torch.bool, device=device).tril()[None]
+                             .expand(count, width, width)], dim=2)  # padding rows read their own past: finite
+        mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, torch.finfo(dtype).min)
+        cache = DynamicCache(ddp_cache_data=[
+            (k[:, :, :cut].expand(count, -1, -1, -1).contiguous(), v[:, :, :cut].expand(count, -1, -1, -1)
+             .contiguous()) for k, v in self.layers]) if cut else None
+        kwargs = {k: v for k, v in ctx.adapter.forward_kwargs.items() if k != "use_cache"}
+        with ctx.handle.using(), torch.no_grad():
+            out = ctx.model.base_model(input_ids=ids, attention_mask=mask[:, None], position_ids=positions,
+                                       use_cache=True, **_cache_argument(ctx.model.base_model, cache), **kwargs)
+        return output_tensor(out)
+
+
+def _returned_cache(out):
+    """The key-value cache a forward returned (transformers >= 5.x: ``cache``; before: ``past_key_values``)."""
+    found = getattr(out, "cache", None)
+    return found if found is not None else getattr(out, "past_key_values", None)
+
+
+def _cache_argument(backbone, cache) -> dict:
+    """The keyword a backbone takes its cache by (``cache`` where its forward names it, else
+    ``past_key_values``)."""
+    import inspect
+
+    if cache is None:
+        return {}
+    return {"cache" if "cache" in inspect.signature(backbone.forward).parameters else "past_key_values": cache}
+
+
+def response_hidden(prefix: Prefix, sources: list[list[int]], keeps: np.ndarray, per_pass: int,
+                    progress=None) -> tuple[list[torch.Tensor | None], list[int]]:
+    """Each mask's hidden states [n, H] at the positions that predict the response tokens, read from ``prefix``;
+    None for a mask that removes every prompt token from its first removed one on with nothing before it (its
+    sequence starts anew: whole passes read it). Also each mask's tokens run (its cost)."""
+    ctx = prefix.ctx
+    n, length = ctx.steps, ctx.prompt_length
+    ids = ctx.ids
+    response = ids[length:]
+    kept = np.ones(length, bool)
+    out: list[torch.Tensor | None] = [None] * len(keeps)
+    tokens = [0] * len(keeps)
+    runs: list[tuple[int, int, list[int]]] = []  # (mask, start, row)
+    for m, keep in enumerate(np.asarray(keeps, bool)):
+        kept[:] = True
+        for members, on in zip(sources, keep):
+            if not on:
+                kept[members] = False
+        if kept.all():
+            out[m] = prefix.hidden[length - 1:length - 1 + n]
+            continue
+        start = int(np.argmin(kept))  # the first removed token
+        rest = [ids[i] for i in np.flatnonzero(kept[start:]) + start]
+        if start == 0 and not rest:
+            continue
+        runs.append((m, start, rest + response))
+        tokens[m] = len(rest) + n
+    for chunk in chunks(runs, per_pass):
+        hidden = prefix.continue_from([start for _, start, _ in chunk], [row for _, _, row in chunk])
+        for r, (m, start, row) in enumerate(chunk):
+            last = len(row) - 1  # the position of the last response token, which predicts nothing
+            rows = hidden[r, max(last - n, 0):last]
+            if last - n < 0:  # the first response token is predicted from the unchanged prefix's last token
+                rows = torch.cat([prefix.hidden[start - 1:start], rows])
+            out[m] = rows
+        if progress is not None:
+            progress(len(chunk))
+    return out, tokens
+
+
+def tolerance(prefix: Prefix) -> float:
+    """How far (relative to the largest) a continuation's hidden states may be from the whole pass's: float32
+    rounding, or half precision's."""
+    return 1e-3 if prefix.hidden.dtype == torch.float32 else 5e-2
+
+
+def chunks(runs: list, per_pass: int, call: int = CALL_ROWS) -> list[list]:
+    """``runs`` (each ending in its row of ids) in forward passes of at most ``per_pass`` rows, cut so that the work
+    is least: rows sorted longest first, each pass costing ``call`` rows (reading the weights, launching the
+    kernels) plus its rows times its longest (padding is work thrown away); an exact split by dynamic programming."""
+    ordered = sorted(runs, key=lambda run: -len(run[-1]))
+    lengths = [len(run[-1]) for run in ordered]
+    best = [0.0] + [float("inf")] * len(ordered)
+    cut = [0] * (len(ordered) + 1)
+    for end in range(1, len(ordered) + 1):
+        for begin in range(max(0, end - per_pass), end):
+            cost = best[begin] + call + (end - begin) * lengths[begin]
+            if cost < best[end]:
+                best[end], cut[end] = cost, begin
+    bounds, end = [], len(ordered)
+    while end:
+        bounds.append((cut[end], end))
+        end = cut[end]
+    return [ordered[a:b] for a, b in reversed(bounds)]
+
+
+def verified(ctx: ResponseContext, prefix: Prefix, tolerance: float) -> bool:
+    """Whether the model's continuation from a cut cache gives its own pass's hidden states (checked once per model
+    and dtype, on this sequence: its last ``min(8, prompt)`` prompt tokens and the response read after the rest)."""
+    model = ctx.model
+    dtype = str(prefix.hidden.dtype)
+    with _LOCK:
+        known = _VERDICTS.get(model, {}).get(dtype)
+    if known is not None:
+        return known
+    if prefix.layers is None:
+        verdict = False
+    else:
+        start = max(ctx.prompt_length - 8, 1)
+        other = ctx.prompt_length - 1  # a second row with another start: the batched, masked path as masks run it
+        again = prefix.continue_from([start, other], [ctx.ids[start:], ctx.ids[other:]])
+        again = torch.cat([again[0, :len(ctx.ids) - start], again[1, :len(ctx.ids) - other]]).float()
+        whole = torch.cat([prefix.hidden[start:], prefix.hidden[other:]]).float()
+        scale = float(whole.abs().max()) or 1.0
+        verdict = bool(torch.isfinite(again).all()) and float((again - whole).abs().max()) <= tolerance * scale
+    with _LOCK:
+        _VERDICTS.setdefault(model, {})[dtype] = verdict
+    return verdict

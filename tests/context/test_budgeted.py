@@ -1,0 +1,135 @@
+"""The budgeted context method and the shared-prefix engine under it, on a tiny Llama: ablated sequences run from
+their first removed source on after one cached pass give the outcomes of whole passes (computed by hand here too);
+the masks fit the budget; the scores are the surrogate of those outcomes; the prompt's own sources (``auto``) leave
+its question out and take its passages whole."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tiny
+import torch
+
+import normx
+from normx.core.handle import model_handle
+from normx.core.inputs import Encoded
+from normx.errors import InvalidInputError
+from normx.methods.ablation import ablation_masks, budgeted, prefix
+from normx.methods.ablation.forwards import outcomes
+from normx.methods.ablation.sources import auto_split, question_start
+from normx.methods.response import ResponseContext
+
+PROMPT = "Context: the film was good. a dull movie! the end was fine. it was long.\nQuestion: good?\nAnswer:"
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return tiny.build("LlamaForCausalLM")
+
+
+def _context(model, tok, ids, prompt_length, batch=4):
+    item = Encoded(text="", text_pair=None, ids=ids, tokens=[""] * len(ids), offsets=[(0, 0)] * len(ids),
+                   segments=[0] * len(ids), special=[False] * len(ids))
+    return ResponseContext(model_handle(model), tok, "", item, prompt_length, {}, batch)
+
+
+def _by_hand(model, ids, prompt_length, sources, keep):
+    """log p of the response tokens with the removed sources' ids left out, from the model's own forward."""
+    removed = {i for members, on in zip(sources, keep) if not on for i in members}
+    seq = [t for i, t in enumerate(ids[:prompt_length]) if i not in removed] + ids[prompt_length:]
+    n = len(ids) - prompt_length
+    with torch.no_grad():
+        logp = torch.log_softmax(model(input_ids=torch.tensor([seq])).logits[0].double(), -1)
+    return np.array([logp[len(seq) - n - 1 + t, seq[len(seq) - n + t]].item() for t in range(n)])
+
+
+def test_shared_prefix_equals_whole_passes(llama):
+    model, tok = llama
+    torch.manual_seed(0)
+    ids = torch.randint(5, 200, (40,)).tolist()
+    sources = [list(range(a, a + 5)) for a in range(1, 31, 5)]  # six sources; token 0 and 31.. in none
+    keeps = np.vstack([np.ones((1, 6), bool), ablation_masks(6, 12, 0.5, 3), ~np.eye(6, dtype=bool),
+                       np.zeros((1, 6), bool)])
+    whole = outcomes(_context(model, tok, ids, 34), sources, keeps)
+    ctx = _context(model, tok, ids, 34)
+    shared = outcomes(ctx, sources, keeps, shared_prefix=True)
+    assert ctx.notes["shared_prefix"] is True
+    np.testing.assert_allclose(shared[0], whole[0], atol=2e-5)
+    np.testing.assert_allclose(shared[1], whole[1], atol=2e-5)
+    for m in (0, 5, len(keeps) - 2):
+        np.testing.assert_allclose(shared[0][m], _by_hand(model, ids, 34, sources, keeps[m]), atol=2e-5)
+
+
+def test_every_prompt_token_after_the_cut_removed(llama):
+    """A mask removing everything from its first removed source to the response: the first response token is
+    predicted from the cached prefix's last token."""
+    model, tok = llama
+    ids = list(range(10, 40))
+    sources = [list(range(5, 10)), list(range(10, 25))]
+    keeps = np.array([[True, True], [True, False], [False, False]])
+    ctx = _context(model, tok, ids, 25)
+    shared = outcomes(ctx, sources, keeps, shared_prefix=True)[0]
+    for m in range(3):
+        np.testing.assert_allclose(shared[m], _by_hand(model, ids, 25, sources, keeps[m]), atol=2e-5)
+
+
+def test_a_cache_it_cannot_cut_runs_whole_passes(llama, monkeypatch):
+    model, tok = llama
+    ids = list(range(10, 40))
+    sources = [list(range(2, 10)), list(range(10, 25))]
+    keeps = np.array([[True, True], [False, True], [True, False]])
+    monkeypatch.setattr(prefix, "plain_layers", lambda cache: None)
+    monkeypatch.setattr(prefix, "_VERDICTS", type(prefix._VERDICTS)())
+    ctx = _context(model, tok, ids, 25)
+    shared = outcomes(ctx, sources, keeps, shared_prefix=True)[0]
+    assert ctx.notes["shared_prefix"] is False
+    np.testing.assert_allclose(shared, outcomes(_context(model, tok, ids, 25), sources, keeps)[0], atol=1e-6)
+
+
+def test_auto_sources_leave_the_question_out():
+    text = "Context: It rained. The river rose. Boats left.\nQuestion: why did boats leave?\nAnswer:"
+    assert text[question_start(text):].startswith("Question:")
+    how, spans = auto_split(text)
+    assert how == "sentences" and [text[a:b] for a, b in spans] == [
+        "It rained.", "The river rose.", "Boats left."]  # neither the label nor the question is a source
+    passages = ("Context:\n\nA first passage. It has two sentences.\n\nA second passage. Also two.\n\n"
+                "A third one. Here.\n\nQuery: which passage?")
+    how, spans = auto_split(passages)
+    assert how == "paragraphs" and [passages[a:b] for a, b in spans] == [
+        "A first passage. It has two sentences.", "A second passage. Also two.", "A third one. Here."]
+    heading = "Notes:\n\nFirst part. Two sentences.\n\nSecond part. Two too.\n\nWhich part?"
+    assert [heading[a:b] for a, b in auto_split(heading)[1]] == [
+        "Notes:\n\nFirst part. Two sentences.", "Second part. Two too."]  # a heading line joins what follows
+    assert question_start("One line only? Yes.") == len("One line only? Yes.")
+
+
+def test_budgeted_scores_are_the_surrogate_of_its_masks(llama):
+    model, tok = llama
+    g = normx.explain_generation(model, tok, PROMPT, method="budgeted", max_new_tokens=3, budget=4)
+    settings = g.settings
+    spans = settings["source_spans"]
+    assert len(spans) == 4 and settings["shared_prefix"] is True
+    assert tok.decode(g.token_ids[spans[-1][0]:spans[-1][1]]).strip() == "it was long."  # the question is none
+    assert settings["passes"] <= 4 and settings["masks"] >= 2
+    sources = [list(range(a, b)) for a, b in spans]
+    masks = budgeted.plan_masks(sources, g.prompt_length, g.steps, 4.0, 0, True, budgeted.Costs.of(model), 8)
+    assert len(masks) == settings["masks"]
+    by_hand = np.array([_by_hand(model, list(g.token_ids), g.prompt_length, sources, m).sum() for m in masks])
+    want = budgeted.fit(masks, by_hand)
+    got = np.array([np.nansum(g.scores[0][:, a:b]) for a, b in spans])
+    np.testing.assert_allclose(got, want, atol=1e-4)
+    again = normx.explain_generation(model, tok, PROMPT, method="budgeted", max_new_tokens=3, budget=4)
+    np.testing.assert_array_equal(again.scores, g.scores)
+
+
+def test_budgets_by_name_and_bad_budgets(llama):
+    model, tok = llama
+    assert budgeted.budget_value("balanced") == budgeted.BUDGETS["balanced"] and budgeted.budget_value("7") == 7.0
+    for bad in (0.5, "cheap", True, float("nan")):
+        with pytest.raises(InvalidInputError, match="budget"):
+            normx.explain_generation(model, tok, PROMPT, method="budgeted", max_new_tokens=2, budget=bad)
+    small = normx.explain_generation(model, tok, PROMPT, method="budgeted", max_new_tokens=2, budget=1)
+    assert small.settings["masks"] == 2  # the fewest a surrogate fits on, whatever the budget
+    more = normx.explain_generation(model, tok, PROMPT, method="budgeted", max_new_tokens=2, budget="faithful")
+    assert more.settings["masks"] > normx.explain_generation(
+        model, tok, PROMPT, method="budgeted", max_new_tokens=2).settings["masks"]
