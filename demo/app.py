@@ -149,10 +149,10 @@ class Demo:
                 gr.update(choices=choices, value=b, visible=bool(choices)))
 
     def cite(self, model_name, context, query, sources, method, n_ablations, answer_tokens,
-             progress=gr.Progress()):  # noqa: B008
+             budget=context_view.DEFAULT_BUDGET, progress=gr.Progress()):  # noqa: B008
         """The Context view: the model answers, the method scores the sources (:mod:`normx.serving.context_view`)."""
         state = context_view.context_request(self.cache, model_name, context, query, sources, method, n_ablations,
-                                             answer_tokens, self.gate, loading=progress)
+                                             answer_tokens, self.gate, loading=progress, budget=budget)
         return [gr.update(value=context_view.heading(state)), gr.update(value=context_view.view_html(state)),
                 gr.update(value=context_view.top_sources(state))]
 

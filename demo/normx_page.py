@@ -155,15 +155,19 @@ def context_view(demo, guard: Callable[[Callable], Callable], offered: list[str]
                                       elem_id="normx-ctx-ablations", label="n_ablations (contextcite)")
                 answer_tokens = gr.Slider(1, cv.MAX_ANSWER_TOKENS, value=cv.DEFAULT_ANSWER_TOKENS, step=1,
                                           label="Answer tokens (greedy)", elem_id="normx-ctx-answer-tokens")
+                budget = gr.Radio(list(cv.BUDGETS), value=cv.DEFAULT_BUDGET, label="Budget (budgeted)",
+                                  elem_id="normx-ctx-budget")
             button = gr.Button("Answer and attribute", variant="primary", elem_id="normx-ctx-explain")
             gr.Examples(examples=cv.EXAMPLES, inputs=[context, query], label="Example (documents, question)")
         with gr.Column(scale=6, min_width=420):
             answer = gr.Markdown(label="Answer", elem_id="normx-ctx-answer")
             highlighted = gr.HTML("", label="Sources", elem_id="normx-ctx-view")
             top = gr.Markdown(label="Top sources", elem_id="normx-ctx-top")
-    inputs, shown = [model, context, query, sources, method, ablations, answer_tokens], [answer, highlighted, top]
+    inputs = [model, context, query, sources, method, ablations, answer_tokens, budget]
+    shown = [answer, highlighted, top]
     raw = {"preprocess": False, "show_progress_on": [answer, highlighted]}
     button.click(guard(demo.cite), inputs, shown, api_name="cite", **raw)
     query.submit(guard(demo.cite), inputs, shown, api_visibility="private", **raw)
-    gr.on([method.change, context.change, sources.change, ablations.change], guard(cv.cost_note),  # (an example too)
-          [method, context, sources, ablations], cost, queue=False, api_visibility="private", preprocess=False)
+    gr.on([method.change, context.change, sources.change, ablations.change, budget.change],  # (an example too)
+          guard(cv.cost_note), [method, context, sources, ablations, budget], cost, queue=False,
+          api_visibility="private", preprocess=False)

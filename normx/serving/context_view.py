@@ -34,7 +34,10 @@ SOURCES = ("sentences", "paragraphs", "lines")
 # one forward pass each (the attention readings; AttnLRP with one backward pass of the response's log-probability;
 # the calibrated method where it is registered), then the ablation reference: a forward pass per mask or source
 ONE_PASS = ("calibrated_attention", "alti_logit", "attention", "norm_attention", "attnlrp")
+BUDGETED = ("budgeted",)  # ContextCite's estimator within a budget of forward passes (docs/context.md)
 REFERENCE = ("contextcite", "leave_one_out")
+BUDGETS = ("fast", "balanced", "faithful")
+DEFAULT_BUDGET = "balanced"
 # "auto", the page's default, is the most faithful reading within an interactive request's budget for the model:
 # calibrated_attention where the model has calibrated weights (LDS 0.69 held out at ~1.4x a forward on SmolLM2,
 # above every other one-pass method in docs/context.md and level with ContextCite's 16 ablations the page allows by
@@ -92,12 +95,13 @@ def auto_method(model) -> str:
 def context_methods() -> list[str]:
     """The view's methods that are registered, one-pass first, the ablation reference last."""
     registered = set(list_methods(response_only=True))
-    return [m for m in (*ONE_PASS, *REFERENCE) if m in registered]
+    return [m for m in (*ONE_PASS, *BUDGETED, *REFERENCE) if m in registered]
 
 
 def method_choices() -> list[tuple[str, str]]:
     """The method picker's (label, value) pairs, each label stating the method's cost in forward passes."""
-    costs = {"contextcite": "reference: n_ablations + 1 passes", "leave_one_out": "reference: 1 pass per source + 1"}
+    costs = {"contextcite": "reference: n_ablations + 1 passes", "leave_one_out": "reference: 1 pass per source + 1",
+             "budgeted": "ablations within a budget: 2 / 6 / 24 passes"}
     return [(f"{AUTO} · {FAITHFUL} where the model has weights, else contextcite", AUTO),
             *((f"{m} · {costs.get(m, 'one pass')}", m) for m in context_methods())]
 
@@ -113,14 +117,16 @@ def default_model(models: Sequence[str]) -> str | None:
     return DEFAULT_MODEL if DEFAULT_MODEL in models else (models[0] if models else None)
 
 
-def _options(method: str, n_ablations: int) -> dict:
-    return {"n_ablations": n_ablations} if "n_ablations" in get_method(method).options else {}
+def _options(method: str, n_ablations: int, budget: str = DEFAULT_BUDGET) -> dict:
+    spec = get_method(method).options
+    return {**({"n_ablations": n_ablations} if "n_ablations" in spec else {}),
+            **({"budget": budget} if "budget" in spec else {})}
 
 
-def _cost_options(method: str, sources: int, n_ablations: int) -> dict:
+def _cost_options(method: str, sources: int, n_ablations: int, budget: str = DEFAULT_BUDGET) -> dict:
     """The options :meth:`~normx.methods.registry.Method.passes` reads, with ``sources`` sources (placeholder token
     spans: only their number counts)."""
-    options = _options(method, n_ablations)
+    options = _options(method, n_ablations, budget)
     if "sources" in get_method(method).options:
         options["sources"] = [(i, i + 1) for i in range(max(1, sources))]
     return options
@@ -167,15 +173,18 @@ def prompt_tokens(tokenizer, context: str, query: str, chat: bool) -> int:
 def context_request(cache, model_name: str, context: str, query: str, sources: str = "sentences",
                     method: str = DEFAULT_METHOD, n_ablations: int = DEFAULT_ABLATIONS,
                     answer_tokens: int = DEFAULT_ANSWER_TOKENS, gate: WorkGate | None = None, *,
-                    loading: Callable | None = None) -> ContextState:
+                    loading: Callable | None = None, budget: str = DEFAULT_BUDGET) -> ContextState:
     """The model answers ``query`` about ``context`` (greedy, at most ``answer_tokens`` tokens; the chat template
     when the tokenizer has one) and ``method`` scores the context's ``sources`` for the answer.
 
     ``gate``: the server's work budget and lanes (the estimate counts the prompt and the longest answer, times the
     method's forward passes: ``n_ablations`` + 1 for contextcite, one per source + 1 for leave_one_out);
-    ``loading(0, desc=...)`` (a progress bar) is told when the model loads and what the request costs.
+    ``loading(0, desc=...)`` (a progress bar) is told when the model loads and what the request costs. ``budget``:
+    budgeted's, one of :data:`BUDGETS`.
     """
     started = time.perf_counter()
+    if budget not in BUDGETS:
+        raise errors.InvalidInputError(f"budget must be one of {', '.join(BUDGETS)}, got {excerpt(budget)}")
     context, query, n_ablations, answer_tokens = check_request(context, query, sources, method, n_ablations,
                                                                answer_tokens)
     if loading is not None and isinstance(model_name, str) and cache.peek(model_name) is None:
@@ -201,10 +210,11 @@ def context_request(cache, model_name: str, context: str, query: str, sources: s
                                        f"takes at most {limit:,}: shorten the context (`normx cite` takes the "
                                        "model's whole limit)")
     total = tokens + answer_tokens
-    cost = _cost_options(method, count, n_ablations)
+    cost = _cost_options(method, count, n_ablations, budget)
     passes, gflop = get_method(method).passes(total, 1, cost), estimate_gflop(model, method, total, options=cost)
-    options = _options(method, n_ablations)
-    what = f"{method} on {count} {sources} ({total} tokens" + (f", {n_ablations:,} ablations)" if options else ")")
+    options = _options(method, n_ablations, budget)
+    said = (f", {n_ablations:,} ablations" if "n_ablations" in options else f", budget {budget}" if options else "")
+    what = f"{method} on {count} {sources} ({total} tokens{said})"
 
     def run() -> ContextAttribution:
         return explain_context(model, tokenizer, context, query, sources=sources, method=method, chat=chat,
@@ -227,7 +237,7 @@ def _check_calibrated(model, model_name: str) -> None:
                                        "server (`normx calibrate` fits them); choose another method") from None
 
 
-def cost_note(method, context, sources, n_ablations) -> str:
+def cost_note(method, context, sources, n_ablations, budget=DEFAULT_BUDGET) -> str:
     """Markdown beside the method picker: what ``method`` costs on this context, in forward passes of the model
     (:meth:`normx.methods.registry.Method.passes`); never raises (it follows every edit)."""
     if method == AUTO:
@@ -236,6 +246,14 @@ def cost_note(method, context, sources, n_ablations) -> str:
                 "reading this page can afford.*")
     if method not in context_methods():
         return ""
+    if method in BUDGETED:
+        from normx.methods.ablation.budgeted import BUDGETS as PASSES
+
+        passes = PASSES.get(budget) if isinstance(budget, str) else None
+        if passes is None:
+            return f"*budget must be one of {', '.join(BUDGETS)}.*"
+        return (f"*{method}, budget {budget}: at most {passes:g} forward passes' work: one pass with its cache kept, "
+                "then designed source masks, each run from its first removed source on.*")
     if method not in REFERENCE:
         return (f"*{method}: one forward pass over the context and the answer (and its reading); "
                 f"{', '.join(REFERENCE)} are the ablation reference.*")

@@ -114,8 +114,9 @@ def test_budgeted_scores_are_the_surrogate_of_its_masks(llama):
     sources = [list(range(a, b)) for a, b in spans]
     masks = budgeted.plan_masks(sources, g.prompt_length, g.steps, 4.0, 0, True, budgeted.Costs.of(model), 8)
     assert len(masks) == settings["masks"]
-    by_hand = np.array([_by_hand(model, list(g.token_ids), g.prompt_length, sources, m).sum() for m in masks])
-    want = budgeted.fit(masks, by_hand)
+    keeps = np.vstack([np.ones((1, len(sources)), bool), masks])  # the whole pass is a mask that keeps them all
+    by_hand = np.array([_by_hand(model, list(g.token_ids), g.prompt_length, sources, m).sum() for m in keeps])
+    want = budgeted.fit(keeps, by_hand)
     got = np.array([np.nansum(g.scores[0][:, a:b]) for a, b in spans])
     np.testing.assert_allclose(got, want, atol=1e-4)
     again = normx.explain_generation(model, tok, PROMPT, method="budgeted", max_new_tokens=3, budget=4)

@@ -206,3 +206,17 @@ def test_the_default_method_is_the_most_faithful_one_the_model_can_run(cache, ex
     state = cv.context_request(cache, "tiny-lm", CONTEXT, QUERY, "sentences", cv.AUTO, 4, 4)
     assert state.attribution.method == "contextcite"
     assert "calibrated_attention" in cv.cost_note(cv.AUTO, CONTEXT, "sentences", 16)
+
+
+def test_budgeted_takes_a_named_budget_and_costs_it(cache):
+    """The Context view's budgeted method: the budget picker's value reaches the method (its passes and the work
+    estimate follow it), a budget it does not offer is refused before the model runs, and the cost note says it."""
+    states = {b: cv.context_request(cache, "tiny-lm", CONTEXT, QUERY, "sentences", "budgeted", 16, 3, budget=b)
+              for b in ("fast", "faithful")}
+    assert states["fast"].passes == 2 and states["faithful"].passes == 24
+    assert states["faithful"].gflop == pytest.approx(12 * states["fast"].gflop)
+    assert states["fast"].attribution.generation.settings["budget"] == 2.0
+    with pytest.raises(normx.InvalidInputError, match="budget must be one of fast, balanced, faithful"):
+        cv.context_request(cache, "tiny-lm", CONTEXT, QUERY, "sentences", "budgeted", 16, 3, budget="cheap")
+    assert "budget fast: at most 2 forward passes" in cv.cost_note("budgeted", CONTEXT, "sentences", 16, "fast")
+    assert "budgeted" in cv.context_methods()

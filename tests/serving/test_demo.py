@@ -553,7 +553,7 @@ def test_api_endpoints_have_meaningful_names_and_optional_inputs(cache, folder):
     assert render == ["layer", "unit", "show_special", "step", "label_a", "label_b", "compare_methods"]
     cite = {p["parameter_name"]: p["parameter_has_default"] for p in endpoints["/cite"]["parameters"]}
     assert cite == {"model_name": True, "context": False, "query": False, "sources": True, "method": True,
-                    "n_ablations": True, "answer_tokens": True}  # the Context view: documents and a question
+                    "n_ablations": True, "answer_tokens": True, "budget": True}  # the Context view: documents, question
     for endpoint in endpoints.values():
         assert all(p["parameter_has_default"] for p in endpoint["parameters"]
                    if p["parameter_name"] not in ("text", "context", "query"))

@@ -117,9 +117,11 @@ def mask_costs(sources: list[list[int]], masks: np.ndarray, prompt_length: int, 
 
 def plan_masks(sources: list[list[int]], prompt_length: int, steps: int, budget: float, seed: int, shared: bool,
                costs: Costs, per_pass: int = 1) -> np.ndarray:
-    """The masks the budget buys after the whole pass (at least :data:`MIN_ABLATIONS`): whole resolution IV designs
-    where one fits (:func:`normx.methods.ablation.designs.masks`, ``"fold_over"``), else a resolution III design
-    and as many of its rows' complements as fit (``"screening"``)."""
+    """The masks the budget buys after the whole pass (at least :data:`MIN_ABLATIONS`): resolution IV designs where
+    one fits, or all but one of its masks (:func:`normx.methods.ablation.designs.masks`, ``"fold_over"``), else a
+    resolution III design and as many of its rows' complements as fit (``"screening"``): on the training contexts
+    (docs/context.md) a whole fold-over beat the screening design and its complements at 15-16 masks, and lost to it
+    below."""
     total = prompt_length + steps
     left = budget - (costs.tokens(np.arange(total)) + steps * costs.head) / costs.plain(total)
 
@@ -135,7 +137,7 @@ def plan_masks(sources: list[list[int]], prompt_length: int, steps: int, budget:
         return count
 
     whole = designs.block(len(sources), "fold_over")
-    if whole and affordable("fold_over", whole) == whole:
+    if whole and affordable("fold_over", whole) >= whole - 1:  # a resolution IV design, or all but one of its masks
         return designs.masks(len(sources), affordable("fold_over", MAX_MASKS), seed, "fold_over")
     return designs.masks(len(sources), affordable("screening", MAX_MASKS), seed, "screening")
 
@@ -168,7 +170,7 @@ def budgeted(ctx: ResponseContext) -> ResponseRows:
     masks = plan_masks(sources, ctx.prompt_length, ctx.steps, budget, ctx.options["seed"], cut, costs, per_pass)
     keeps = np.vstack([np.ones((1, len(sources)), bool), masks])
     log_p, _, logits = outcomes(ctx, sources, keeps, "budgeted", shared_prefix=whole if cut else False)
-    weights = fit(masks, log_p[1:].sum(1))
+    weights = fit(keeps, log_p.sum(1))  # the whole pass's outcome too: a mask that keeps every source, for free
     n = ctx.steps
     per_step = np.repeat(weights[:, None] / n, n, axis=1)
     total = ctx.prompt_length + n

@@ -92,8 +92,9 @@ def question_start(text: str) -> int:
 
 
 def auto_split(text: str) -> tuple[str, list[tuple[int, int]]]:
-    """``sources="auto"``: the text before its closing question (:func:`question_start`) split into paragraphs when
-    at least two of them hold more than one sentence (documents, passages), else into sentences; ``(how, spans)``."""
+    """``sources="auto"``: the text before its closing question (:func:`question_start`) and after a leading label
+    (``Context:``) split into paragraphs when at least two of them hold more than one sentence (documents, passages),
+    else into sentences; ``(how, spans)``."""
     end = question_start(text)
     label = _LABEL.match(text, 0, end)  # "Context: ..." / "Documents:": the label is no part of a source
     body = text[label.end() if label else 0:end]
