@@ -125,6 +125,23 @@ def test_cite_end_to_end(llama_folder, tmp_path, capsys):
     assert all(s.text in page.read_text(encoding="utf-8") for s in stored.sources)
 
 
+def test_cite_with_a_budget(llama_folder, tmp_path, capsys):
+    """`--method budgeted@fast` and `--budget` reach the method: its passes in the header, its budget in the JSON."""
+    context = tmp_path / "context.txt"
+    context.write_text(CONTEXT + "\n", encoding="utf-8")
+    runs = {}
+    for flags in (["--method", "budgeted@fast"], ["--method", "budgeted", "--budget", "9"]):
+        out = tmp_path / f"{len(runs)}.json"
+        code = main(["cite", str(context), "--model", str(llama_folder), "--query", "good?", "--max-new-tokens", "3",
+                     "--json", str(out), *flags])
+        shown = capsys.readouterr()
+        assert code == 0, shown.err
+        assert "budgeted" in shown.out.splitlines()[1]
+        runs[flags[-1]] = ContextAttribution.from_json(out.read_text(encoding="utf-8")).generation.settings
+    assert runs["budgeted@fast"]["budget"] == 2.0 and runs["9"]["budget"] == 9.0
+    assert runs["9"]["masks"] > runs["budgeted@fast"]["masks"] >= 2
+
+
 @pytest.mark.parametrize("argv, message", [
     (["cite", "/no/such/file", "--model", "M"], "no context file"),
     (["cite", "CTX", "--model", "M", "--method", "nope"], "cite has no method 'nope'"),
