@@ -95,6 +95,10 @@ def test_the_report_table_means_and_costs():
 def test_labels():
     assert label_options("contextcite@32") == {"method": "contextcite", "n_ablations": 32}
     assert label_options("gradient_x_input@response") == {"method": "gradient_x_input", "scope": "response"}
+    assert label_options("budgeted@fast") == {"method": "budgeted", "budget": "fast"}
+    assert label_options("budgeted@12") == {"method": "budgeted", "budget": 12.0}
+    with pytest.raises(InvalidInputError, match="budget"):
+        label_options("budgeted@cheap")
     with pytest.raises(InvalidInputError, match="no n_ablations"):
         label_options("normxlogit@8")
     with pytest.raises(InvalidInputError, match="a label is"):

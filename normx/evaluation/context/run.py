@@ -34,18 +34,25 @@ RECORDS = "contexts.jsonl"
 
 def label_options(label: str) -> dict:
     """The method and options a label names: ``NAME`` itself; ``NAME@N`` with ``n_ablations=N`` (ContextCite's
-    estimator with N ablations: ``contextcite@32``); ``NAME@response`` with ``scope="response"`` (one backward pass
-    of the whole response for the gradient methods)."""
+    estimator with N ablations: ``contextcite@32``); ``budgeted@B`` with ``budget=B`` (a number of forward passes or
+    a named budget); ``NAME@response`` with ``scope="response"`` (one backward pass of the whole response for the
+    gradient methods)."""
     name, _, tag = label.partition("@")
     if not tag:
         return {"method": name}
+    if "budget" in get_method(name).options:  # budgeted@fast, budgeted@6: its budget
+        from normx.methods.ablation.budgeted import budget_value
+
+        budget_value(tag)
+        return {"method": name, "budget": float(tag) if tag[:1].isdigit() else tag}
     if tag.isdigit() and int(tag) > 0:
         if "n_ablations" not in get_method(name).options:
             raise InvalidInputError(f"{label!r}: {name} takes no n_ablations (NAME@N is for the ablation methods)")
         return {"method": name, "n_ablations": int(tag)}
     if tag == "response":
         return {"method": name, "scope": "response"}
-    raise InvalidInputError(f"{label!r}: a label is NAME, NAME@N (N ablations) or NAME@response")
+    raise InvalidInputError(f"{label!r}: a label is NAME, NAME@N (N ablations; budgeted@N / @fast: its budget) or "
+                            "NAME@response")
 
 
 def evaluate_context(model, tokenizer, examples: Sequence, methods: Sequence[str] = DEFAULT_METHODS, *,
