@@ -134,3 +134,18 @@ def test_budgets_by_name_and_bad_budgets(llama):
     more = normx.explain_generation(model, tok, PROMPT, method="budgeted", max_new_tokens=2, budget="faithful")
     assert more.settings["masks"] > normx.explain_generation(
         model, tok, PROMPT, method="budgeted", max_new_tokens=2).settings["masks"]
+
+
+def test_threads_sharing_one_model_get_what_they_get_alone(llama):
+    """Two budgets at once on one model (the cache check, the cached pass and the masks are each call's own)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    model, tok = llama
+    alone = {b: normx.explain_generation(model, tok, PROMPT, method="budgeted", max_new_tokens=2, budget=b).scores
+             for b in (3, 5)}
+    with ThreadPoolExecutor(4) as pool:
+        runs = list(pool.map(lambda b: (b, normx.explain_generation(model, tok, PROMPT, method="budgeted",
+                                                                    max_new_tokens=2, budget=b).scores),
+                             [3, 5, 3, 5]))
+    for budget, scores in runs:
+        np.testing.assert_array_equal(np.nan_to_num(scores), np.nan_to_num(alone[budget]))
