@@ -23,6 +23,7 @@ from normx.methods import (  # noqa: F401 (registration)
     mixing,
     variants,
 )
+from normx.methods.ablation import budgeted  # noqa: F401 (registration: built on the ablation methods)
 from normx.methods.registry import (
     RESERVED_OPTIONS,
     Context,

@@ -41,10 +41,11 @@ def test_sources_spans_and_scores_are_the_generations_rows(llama):
     np.testing.assert_allclose(r.attributions(0, 1) + r.attributions(1, None), r.scores, atol=1e-5)
     assert r.top(1)[0][0] == int(np.argmax(r.scores)) and r.top(2)[0][2] >= r.top(2)[1][2]
     assert r.response_parts() and r.response_parts()[0][1] == 0
-    # left to itself, explain_generation splits the whole prompt: its first sentence has the template's "Context:"
+    # left to itself, explain_generation finds the prompt's own sources (auto): the template's "Context:" label and its
+    # closing query are none of them, so they are the context's sentences
     own = normx.explain_generation(model, tok, r.prompt, method="leave_one_out", target=r.response_ids)
-    first = own.settings["source_spans"][0]
-    assert tok.decode(own.token_ids[first[0]:first[1]]).strip() == "Context: the film was good."
+    found = [tok.decode(own.token_ids[a:b]).strip() for a, b in own.settings["source_spans"]]
+    assert found == [s.text for s in r.sources] and found[0] == "the film was good."
 
 
 def test_one_pass_and_gradient_methods_aggregate_their_rows(llama):

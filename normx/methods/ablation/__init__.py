@@ -238,5 +238,3 @@ register_method(Method(
              Option("fit", "response", "response: one surrogate of the whole response (ContextCite's); steps: one "
                     "per response token", str, ("response", "steps")), BATCH_OPTION],
     cost=lambda tokens, targets, options: _distinct_masks(options["sources"], options["n_ablations"]), **COMMON))
-
-from normx.methods.ablation import budgeted  # noqa: E402,F401 (registers the budgeted method, built on the above)

@@ -169,7 +169,7 @@ def fit(masks: np.ndarray, log_p: np.ndarray) -> np.ndarray:
 
 
 def budgeted(ctx: ResponseContext) -> ResponseRows:
-    from normx.methods.ablation import prefix as shared
+    import normx.methods.ablation.prefix as shared
 
     sources = prompt_sources(ctx)
     budget = budget_value(ctx.options["budget"])

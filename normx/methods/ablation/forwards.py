@@ -73,7 +73,7 @@ def read_outcomes(ctx: ResponseContext, hidden: torch.Tensor, repeats: int = 1
 
 def _prefix_outcomes(ctx: ResponseContext, sources: list[list[int]], keeps: np.ndarray, desc: str, given
                      ) -> tuple[np.ndarray, np.ndarray, torch.Tensor]:
-    from normx.methods.ablation import prefix as shared
+    import normx.methods.ablation.prefix as shared
 
     whole = given if isinstance(given, shared.Prefix) else shared.Prefix(ctx)
     if whole is not given and not shared.verified(ctx, whole, shared.tolerance(whole)):
