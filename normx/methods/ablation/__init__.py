@@ -17,9 +17,11 @@ response; they explain no single prediction (``normx.explain`` refuses them).
 
 Each step's row gives each source's score spread evenly over its tokens, so that a source's score is the sum of its
 tokens' entries; tokens in no source (special tokens, a chat template's scaffolding, the earlier response tokens)
-score 0. Sources: ``"sentences"`` (default), ``"paragraphs"``, ``"lines"``, ``"words"`` or ``"tokens"`` of the
-prompt's text (:mod:`~normx.methods.ablation.sources`), or ``[(start, end), ...]`` token spans of the prompt (what
-:func:`normx.explain_context` passes); the settings record the token spans used (``source_spans``).
+score 0. Sources: ``"auto"`` (default: the prompt before its closing question and after a leading ``Context:``
+label, in paragraphs where it has passages, else in sentences), ``"sentences"``, ``"paragraphs"``, ``"lines"``,
+``"words"`` or ``"tokens"`` of the prompt's text (:mod:`~normx.methods.ablation.sources`), or
+``[(start, end), ...]`` token spans of the prompt (what :func:`normx.explain_context` passes); the settings record
+the token spans used (``source_spans``).
 """
 
 from __future__ import annotations
