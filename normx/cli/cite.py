@@ -83,10 +83,9 @@ def cite_method(given: str) -> tuple[str, dict]:
     if "n_ablations" in get_method(name).options and tag.isdigit():
         return name, {"n_ablations": int(tag)}
     if "budget" in get_method(name).options:
-        from normx.methods.ablation.budgeted import budget_value
+        from normx.methods.ablation.budgeted import budget_option
 
-        budget_value(tag)  # a named budget or a number of passes, else its error
-        return name, {"budget": float(tag) if tag[:1].isdigit() else tag}
+        return name, {"budget": budget_option(tag)}  # a named budget or a number of passes, else its error
     raise InvalidInputError(f"--method {given!r}: NAME@N sets the ablations (contextcite@32: --n-ablations 32) or the "
                             f"budget (budgeted@fast, budgeted@6: --budget) of a method that takes them; {name} takes "
                             "neither")

@@ -41,10 +41,9 @@ def label_options(label: str) -> dict:
     if not tag:
         return {"method": name}
     if "budget" in get_method(name).options:  # budgeted@fast, budgeted@6: its budget
-        from normx.methods.ablation.budgeted import budget_value
+        from normx.methods.ablation.budgeted import budget_option
 
-        budget_value(tag)
-        return {"method": name, "budget": float(tag) if tag[:1].isdigit() else tag}
+        return {"method": name, "budget": budget_option(tag)}
     if tag.isdigit() and int(tag) > 0:
         if "n_ablations" not in get_method(name).options:
             raise InvalidInputError(f"{label!r}: {name} takes no n_ablations (NAME@N is for the ablation methods)")

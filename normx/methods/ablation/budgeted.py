@@ -47,11 +47,22 @@ MAX_MASKS = 4096  # a budget past what the masks can use: ContextCite's estimato
 RIDGE = 0.01  # the surrogate's ridge penalty on the centred masks (chosen on training contexts: docs/context.md)
 
 
+def budget_option(text: str) -> float | str:
+    """A budget as a command line or a label gives it (``"12"``, ``"fast"``): a number of passes, or the name;
+    checked (:func:`budget_value`)."""
+    try:
+        given = float(text) if text.strip()[:1].isdigit() else text
+    except ValueError:
+        given = text
+    budget_value(given)
+    return given
+
+
 def budget_value(budget) -> float:
-    """A budget in forward passes from a number (>= 1) or a name in :data:`BUDGETS`."""
-    if isinstance(budget, str):
+    """A budget in forward passes from a number (>= 1, or its text) or a name in :data:`BUDGETS`."""
+    if isinstance(budget, str) and budget not in BUDGETS:
         try:
-            budget = float(budget) if budget.strip()[:1].isdigit() else budget
+            budget = float(budget)
         except ValueError:
             pass
     if isinstance(budget, str):
