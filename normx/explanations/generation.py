@@ -18,14 +18,15 @@ text.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import pairwise
 
 import numpy as np
 
 from normx._torch import torch
 from normx.core.concurrency import tokenizer_lock
 from normx.core.forward import Pass
-from normx.core.inputs import Encoded, batches, max_input_length, positive_int, resolve_max_length
-from normx.core.vocabulary import vocabulary_names
+from normx.core.inputs import Encoded, batches, max_input_length, positive_int, resolve_max_length, text_ids
+from normx.core.vocabulary import kept_for, vocabulary_names
 from normx.errors import EmptyTextError, InputTooLongError, InvalidInputError, UnsupportedModelError
 from normx.explanations.decoded_spans import decoded_ends
 from normx.explanations.explain import Plan, attribute_batch, model_settings, prepare
@@ -224,9 +225,9 @@ def _prompt_ids(tokenizer, prompt: str, chat: bool) -> list[int]:
                 raise InvalidInputError("chat=True, but this tokenizer has no chat template")
             text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
                                                  add_generation_prompt=True)
-            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+            ids = text_ids(tokenizer, text, add_special_tokens=False)
         else:
-            ids = tokenizer(prompt)["input_ids"]
+            ids = text_ids(tokenizer, prompt)
     return list(ids)
 
 
@@ -235,7 +236,7 @@ def _target_ids(tokenizer, target) -> list[int]:
         if not target:
             raise EmptyTextError("target is an empty continuation; give some text or token ids")
         with tokenizer_lock(tokenizer):
-            return list(tokenizer(target, add_special_tokens=False)["input_ids"])
+            return text_ids(tokenizer, target, add_special_tokens=False)
     ids = list(target)
     vocab = len(tokenizer)
     if not ids or not all(isinstance(i, (int, np.integer)) and not isinstance(i, bool) and 0 <= i < vocab
@@ -268,19 +269,33 @@ def _encoded(tokenizer, ids: list[int]) -> Encoded:
         lead = _added_prefix(tokenizer, ids)
         text, ends = decoded_ends(tokenizer, ids[lead:])  # each prefix's decoded length, in linear time
         special_ids = list(getattr(tokenizer, "all_special_ids", []))
-    ends = np.maximum.accumulate(np.clip(np.asarray([0] * lead + ends, np.int64), 0, len(text)))  # spans in order
-    starts = np.concatenate([[0], ends[:-1]])
-    return Encoded(text=text, text_pair=None, ids=list(ids), tokens=tokens, offsets=list(zip(starts.tolist(),
-                                                                                             ends.tolist())),
-                   segments=[0] * len(ids), special=np.isin(np.asarray(ids), special_ids).tolist())
+    bounds = np.zeros(len(ids) + 1, np.int64)  # [0, end of token 0, end of token 1, ...]
+    bounds[1 + lead:] = ends
+    np.maximum.accumulate(np.clip(bounds, 0, len(text), out=bounds), out=bounds)  # spans in order
+    bounds = bounds.tolist()
+    special = np.isin(np.asarray(ids), special_ids)
+    return Encoded(text=text, text_pair=None, ids=list(ids), tokens=tokens, offsets=list(pairwise(bounds)),
+                   segments=[0] * len(ids), special=special.tolist())
 
 
 def _added_prefix(tokenizer, ids: list[int]) -> int:
     """How many of ``ids``' first ids are the special tokens the tokenizer adds before any text (0 if none)."""
-    plain = tokenizer("a", add_special_tokens=False)["input_ids"]
-    full = tokenizer("a")["input_ids"]
-    prefix = full[:len(full) - len(plain)] if full[len(full) - len(plain):] == plain else []
-    return len(prefix) if prefix and list(ids[:len(prefix)]) == list(prefix) else 0
+    prefix = _lead_ids(tokenizer)
+    return len(prefix) if prefix and list(ids[:len(prefix)]) == prefix else 0
+
+
+def _lead_ids(tokenizer) -> list[int]:
+    """The special tokens the tokenizer puts before any text, read once per tokenizer and template (its post
+    processor and BOS / EOS switches: setting ``add_bos_token`` reads them again)."""
+    template = (str(getattr(getattr(tokenizer, "backend_tokenizer", None), "post_processor", None)),
+                getattr(tokenizer, "add_bos_token", None), getattr(tokenizer, "add_eos_token", None))
+
+    def read(_size: int) -> list[int]:
+        plain = tokenizer("a", add_special_tokens=False)["input_ids"]
+        full = tokenizer("a")["input_ids"]
+        return list(full[:len(full) - len(plain)]) if full[len(full) - len(plain):] == plain else []
+
+    return kept_for(tokenizer, f"lead ids {template}", read)
 
 
 # ---- the two ways of computing -----------------------------------------------------------------------------------
@@ -300,21 +315,19 @@ def _one_pass(plan: Plan, tokenizer, items: list[Encoded], lengths: list[int], b
                 shown.append([])
                 diagnostics.append({})
             continue
-        keep = [np.flatnonzero(m) for m in inputs["attention_mask"].bool().cpu().numpy()]
-        device = inputs["input_ids"].device
+        device = inputs["input_ids"].device  # rows padded on the right (collate): token i of a row at position i
         columns = torch.tensor([_padded(item.ids[length:], steps) for item, length in rows], device=device)
-        queries = torch.tensor([_padded(keep[r][length - 1:len(item.ids) - 1].tolist(), steps)
-                                for r, (item, length) in enumerate(rows)], device=device)
+        queries = torch.tensor([_padded(list(range(length - 1, len(item.ids) - 1)), steps) for item, length in rows],
+                               device=device)
         every, run, found = _all_steps(plan, inputs, columns, queries)
         last = run.head_input(adapter.num_layers(base))  # [B, T, H], after the final norm
         with plan.handle.using(), torch.no_grad():
             for r, (item, length) in enumerate(rows):
-                n = len(item.ids) - length
-                where = torch.as_tensor(keep[r][length - 1:len(item.ids) - 1], device=last.device)
-                logits = adapter.head(base, last[r, where], None).float()  # [n, V] at the positions before
+                n, width = len(item.ids) - length, len(item.ids)
+                logits = adapter.head(base, last[r, length - 1:width - 1], None).float()  # [n, V]: positions before
                 probs, best, alternatives = step_readings(plan.labels, logits, item.ids[length:])
                 shown.append(alternatives)
-                matrix = every[r, :n][:, :, keep[r]].permute(1, 0, 2).cpu().numpy().copy()  # [L, n, T]
+                matrix = every[r, :n, :, :width].permute(1, 0, 2).cpu().numpy().copy()  # [L, n, T]
                 mask_after(matrix, length)
                 scores.append(matrix)
                 probabilities.append(probs)

@@ -22,4 +22,4 @@ def mask_after(matrix: np.ndarray, length: int) -> None:
     """NaN at and after each step's own position in ``matrix`` [..., steps, T] (step t explains the token at
     ``length + t``)."""
     steps, width = matrix.shape[-2:]
-    matrix[..., np.arange(width)[None, :] >= length + np.arange(steps)[:, None]] = np.nan
+    np.copyto(matrix, np.float32(np.nan), where=np.arange(width)[None, :] >= length + np.arange(steps)[:, None])
