@@ -15,10 +15,10 @@ grouped-query attention, ``num_attention_heads / num_key_value_heads`` query hea
 Each block's rows are made inside its attention module's forward hook, at the asked query rows only, so a pass keeps
 [B, Q, T] per block and never makes a [B, heads, T, T] matrix: memory grows with T, not T^2 (:func:`head_rows` gives
 every head's rows, [B, Q, layers, heads, T]). Keys that are padding get zero (a
-right-padded causal row never reaches them; they are masked anyway). Checks on every pass, at the rows read: each
-head's probabilities sum to one over the keys, and (``norm_attention``) the value vectors mixed by them and pushed
-through the output projection give the attention module's own output; a model that fails either is refused
-(:class:`~normx.errors.UnsupportedModelError`).
+right-padded causal row never reaches them; they are masked anyway). Checks on a model's first pass of each kind
+(:mod:`normx.methods.decoder.checked`), at the rows read: each head's probabilities sum to one over the keys, and
+(``norm_attention``) the value vectors mixed by them and pushed through the output projection give the attention
+module's own output; a model that fails either is refused (:class:`~normx.errors.UnsupportedModelError`).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from normx.core.concurrency import attention_weights, using
 from normx.core.forward import Pass
 from normx.core.hooks import hooked, output_tensor
 from normx.errors import UnsupportedModelError
+from normx.methods.decoder.checked import pass_kind, record, verdict
 from normx.methods.decoder.heads import BlockAttention, block_attention, decoder_reason
 from normx.methods.numerics import tolerance
 from normx.models.attention_scores import BlockScores, read_scores
@@ -60,13 +61,14 @@ class Checks:
     """The checks of a pass's attention readings, made inside its hooks as tensors on the model's device and read
     after the pass in one copy: no device synchronisation inside the forward (a GPU runs on while they are made)."""
 
-    def __init__(self, method: str):
+    def __init__(self, method: str, active: bool = True):
         self.method = method
+        self.active = active  # False: a kind of pass already checked on this model (nothing is made)
         self._pending: list[tuple] = []  # (what, worst, scale, block, dtype, unreadable)
 
     def sums(self, rows: torch.Tensor, block: BlockAttention, dtype: torch.dtype) -> None:
         """The rows [B, H, Q, T] must sum to one over the keys."""
-        if rows.numel():
+        if self.active and rows.numel():
             self._pending.append(("sums", (rows.sum(-1) - 1).abs().max(), None, block, dtype, False))
 
     def mix(self, rows: torch.Tensor, values: torch.Tensor, output, block: BlockAttention, queries: torch.Tensor,
@@ -74,6 +76,8 @@ class Checks:
         """The value vectors mixed by ``rows`` and pushed through the output projection must give the attention
         module's own output at the query rows; ``unreadable``: a failure means the rows were not read right
         (:class:`Unreadable`), not that the model is unsupported."""
+        if not self.active:
+            return
         real = output_tensor(output)
         b = real.shape[0]
         real = real[torch.arange(b, device=real.device)[:, None], queries]  # [B, Q, hidden]
@@ -215,12 +219,16 @@ def read_blocks(run: Pass, queries: torch.Tensor, read: dict[int, BlockAttention
     that do not reproduce the module's output), the pass runs again with eager attention and the rows are the
     probabilities the modules return."""
     modules = linear_modules(read)
-    if modules is not None:
+    kind = pass_kind(run.inputs, read, method)
+    known = verdict(run.model, kind)  # the checks run on a model's first pass of a kind (normx.methods.decoder.checked)
+    if modules is not None and known is not False:
         try:
             with using(run.model):
-                return _read_blocks(run, queries, read, method, keep, modules)
+                out = _read_blocks(run, queries, read, method, keep, modules, check=known is None)
+            record(run.model, kind, True)
+            return out
         except Unreadable:
-            pass
+            record(run.model, kind, False)
     modules = {f"{layer}.attention": block.attention for layer, block in read.items()}
     modules |= {f"{layer}.values": block.values for layer, block in read.items() if block.parts is not None}
     with attention_weights(run.model):
@@ -228,7 +236,7 @@ def read_blocks(run: Pass, queries: torch.Tensor, read: dict[int, BlockAttention
 
 
 def _read_blocks(run: Pass, queries: torch.Tensor, read: dict[int, BlockAttention], method: str, keep,
-                 modules: dict) -> dict[int, Any]:
+                 modules: dict, check: bool = True) -> dict[int, Any]:
     mask = run.inputs["attention_mask"]
     length = mask.shape[1]
     captured: dict[int, dict] = {layer: {} for layer in read}
@@ -268,7 +276,7 @@ def _read_blocks(run: Pass, queries: torch.Tensor, read: dict[int, BlockAttentio
         out[block.layer] = keep(block, rows, values)
         return None
 
-    checks = Checks(method)
+    checks = Checks(method, active=check)
     with hooked(modules, on_call):
         run.run()
     checks.verify()  # every block's checks, read once after the pass
