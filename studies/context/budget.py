@@ -5,7 +5,8 @@ Each context (built from the shared GLUE files, ``normx.data.contexts``) is laid
 
 - ``sentences``: ``"Context: s1 s2 ... sk\\nQuestion: q\\nAnswer:"``, one sentence a source (~300 tokens);
 - ``passages``: ``"Context:\\n\\np1\\n\\n...\\n\\np8\\n\\nQuestion: q\\nAnswer:"``, the evidence passage and seven
-  others of 4 sentences each, one passage a source (~1,000-1,450 tokens).
+  others of 4 sentences each, one passage a source (~1,000-1,450 tokens);
+- ``documents``: the same with every passage of a context built to ``--length`` tokens (10-17 passages at 2,000).
 
 SmolLM2's greedy answer (8 new tokens, the end-of-text token left out) is the response. Every method runs as
 ``normx.explain_generation(model, tokenizer, prompt, method=NAME, target=response_ids, **options)``, with no options
@@ -17,6 +18,8 @@ forward passes (``model(input_ids=ids)``, logits at every position), one run eac
 
     python -m studies.context.budget --layout sentences --split heldout --count 16 --data DATA --out FILE
     python -m studies.context.budget --layout passages --split heldout --count 6 --data DATA --out FILE
+    python -m studies.context.budget --layout documents --length 2000 --split heldout --count 6 --data DATA \\
+        --methods "budgeted contextcite@32 calibrated_attention random position" --out FILE
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ METHODS = ("budgeted", "budgeted:sources=given", "budgeted:budget=fast", "contex
            "random", "position")
 HEADS = {"sentences": ("Context: ", " ", "\nQuestion: {query}\nAnswer:"),
          "passages": ("Context:\n\n", "\n\n", "\n\nQuestion: {query}\nAnswer:")}
+HEADS["documents"] = HEADS["passages"]
 
 
 def layout(example, how: str) -> tuple[str, list[tuple[int, int]]]:
@@ -72,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--methods", default=",".join(METHODS).replace(",", " "), help="space-separated specs")
     parser.add_argument("--masks", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--length", type=int, default=2000, help="documents: the tokens a context is built to")
     args = parser.parse_args(argv)
 
     import numpy as np
@@ -84,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     model, tokenizer = normx.load_model("smollm2")
-    length = 300 if args.layout == "sentences" else 2000
+    length = {"sentences": 300, "passages": 2000}.get(args.layout, args.length)
     examples = context_examples(args.kinds.split(","), args.split, length, args.first + args.count, 0,
                                 data_folder(args.data))[args.first:]
     specs = args.methods.split()

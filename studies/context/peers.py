@@ -16,8 +16,11 @@ response's ids):
   the response is given by seeding its output cache (``_cache["output"]``), as its API has no argument for it;
 - ``AT2 (average attention)``: at2's ``AT2Attributor`` with an untrained ``AT2ScoreEstimator`` (every (layer, head)
   weight 1/(L·H): the package's own attention baseline); the sources are its documents. Its trained estimators are
-  on the hub only (for other models), and training one for SmolLM2 here (4,000 contexts × 32 ablations in the
-  authors' recipe) does not fit this machine;
+  on the hub only (for other models);
+- ``AT2 (trained)``: the same attributor with the estimator at2's own trainer fitted for SmolLM2
+  (``studies.context.at2_train``: 40 training contexts, not the authors' 4,000), given by ``--at2-estimator
+  FILE`` (its ``score_estimator.pt``); a rerun with another estimator wants another ``--out`` (a finished context's
+  supplied readings are reused as they are);
 - ``FlashTrace``: flashtrace's ``FlashTrace(...).trace`` (method "flashtrace", hops 1, ``recompute_attention`` since
   the model runs sdpa), given the whole chat-templated prompt (``use_chat_template=False``) and the response text; a
   source's score is the sum of its prompt tokens' scores.
@@ -39,7 +42,7 @@ import numpy as np
 
 from studies.settings import add_data_option, data_folder, provenance, version
 
-PEERS = ("ContextCiter@32", "ContextCiter@128", "AT2 (average attention)", "FlashTrace")
+PEERS = ("ContextCiter@32", "ContextCiter@128", "AT2 (average attention)", "AT2 (trained)", "FlashTrace")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,6 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--peers", default=",".join(PEERS))
     parser.add_argument("--methods", default="contextcite@32,random,position")
     parser.add_argument("--masks", type=int, default=32)
+    parser.add_argument("--at2-estimator", type=Path, default=None, help="the trained AT2 estimator's "
+                        "score_estimator.pt (studies.context.at2_train), for the peer 'AT2 (trained)'")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     args = parser.parse_args(argv)
 
     import torch
@@ -61,14 +67,17 @@ def main(argv: list[str] | None = None) -> int:
     from normx.data.contexts import context_examples
     from normx.evaluation.context import evaluate_context
 
-    torch.set_num_threads(1)
-    examples = context_examples(args.kinds.split(","), "heldout", args.length, args.limit, 0, data_folder(args.data))
-    model, tokenizer = normx.load_model("smollm2")
+    torch.set_num_threads(args.threads)
     peers = [p for p in args.peers.split(",") if p]
     unknown = sorted(set(peers) - set(PEERS))
     if unknown:
         raise SystemExit(f"unknown peers {unknown}; known: {PEERS}")
-    readers = {name: reader(name, model, tokenizer) for name in peers}
+    if "AT2 (trained)" in peers and (args.at2_estimator is None or not args.at2_estimator.is_file()):
+        raise SystemExit("'AT2 (trained)' reads the estimator file given by --at2-estimator "
+                         "(studies.context.at2_train)")
+    examples = context_examples(args.kinds.split(","), "heldout", args.length, args.limit, 0, data_folder(args.data))
+    model, tokenizer = normx.load_model("smollm2")
+    readers = {name: reader(name, model, tokenizer, args.at2_estimator) for name in peers}
     start = time.time()
     report = evaluate_context(model, tokenizer, examples, [m for m in args.methods.split(",") if m], scores=readers,
                               masks=args.masks, out=args.out, settings={"model": "smollm2"})
@@ -76,18 +85,24 @@ def main(argv: list[str] | None = None) -> int:
         command="PYTHONPATH=. PEERS_PYTHON -m studies.context.peers " + " ".join(argv or sys.argv[1:]),
         versions={name: version(name) for name in ("context-cite", "at2", "flashtrace", "torch", "transformers")},
         threads=torch.get_num_threads(), seconds=round(time.time() - start, 1), **provenance())
+    if "AT2 (trained)" in peers:
+        report.settings["at2_estimator"] = str(args.at2_estimator.resolve())
     report.write(args.out)
     print(report.table())
     print(json.dumps({"contexts": len(report.records), "seconds": report.settings["seconds"]}))
     return 0
 
 
-def reader(name: str, model, tokenizer):
+def reader(name: str, model, tokenizer, at2_estimator: Path | None = None):
     """The function of a prepared context that returns the peer's score per source."""
     if name.startswith("ContextCiter@"):
         return lambda prepared: context_cite(model, tokenizer, prepared, int(name.partition("@")[2]))
     if name.startswith("AT2"):
-        return lambda prepared: at2_attention(model, tokenizer, prepared)
+        from at2 import AT2ScoreEstimator
+
+        estimator = (AT2ScoreEstimator.load(at2_estimator, device="cpu") if name == "AT2 (trained)"
+                     else AT2ScoreEstimator(at2_extractor(model)))
+        return lambda prepared: at2_scores(model, tokenizer, prepared, estimator)
     return lambda prepared: flashtrace(model, tokenizer, prepared)
 
 
@@ -134,28 +149,39 @@ def context_cite(model, tokenizer, prepared, ablations: int) -> np.ndarray:
     return np.asarray(citer.get_attributions(as_dataframe=False, verbose=False), np.float64)
 
 
-def at2_attention(model, tokenizer, prepared) -> np.ndarray:
-    from at2 import AT2Attributor, AT2FeatureExtractor, AT2ScoreEstimator
-    from at2.tasks import SimpleContextAttributionTask
+def at2_extractor(model):
+    """at2's attention features for SmolLM2 (a Llama): one per (layer, head)."""
+    from at2 import AT2FeatureExtractor
 
-    example = prepared.example
+    base = model.base_model if hasattr(model, "base_model") else model
+    return AT2FeatureExtractor(num_layers=len(base.layers), num_heads=model.config.num_attention_heads,
+                               model_type="llama")
+
+
+def at2_task(model, tokenizer, context: str, query: str, ranges):
+    """at2's own context-attribution task (its chat-templated "Context: ...\n\nQuery: ..." prompt) whose sources are
+    the given character ranges of the context, one document each: normx's sources (:func:`source_ranges`)."""
+    from at2.tasks import SimpleContextAttributionTask
 
     class GivenSources(SimpleContextAttributionTask):
         def _get_document_ranges(self):
             start = self.prompt.index(self.context)
-            return [(start + a, start + b) for a, b in source_ranges(example)]
+            return [(start + a, start + b) for a, b in ranges]
 
-    task = GivenSources(context=example.context(), query=example.query, model=model, tokenizer=tokenizer,
-                        source_type="document")
+    return GivenSources(context=context, query=query, model=model, tokenizer=tokenizer, source_type="document")
+
+
+def at2_scores(model, tokenizer, prepared, estimator) -> np.ndarray:
+    from at2 import AT2Attributor
+
+    example = prepared.example
+    task = at2_task(model, tokenizer, example.context(), example.query, source_ranges(example))
     task.set_generation(prepared.response)
     ids = task.get_tokens()["input_ids"]
     start, end = task.target_token_range
     if list(ids[start:end]) != prepared.response_ids or task.num_sources != len(example.sources):
         raise RuntimeError(f"{example.id}: AT2 reads other response ids or sources than the evaluation")
-    base = model.base_model if hasattr(model, "base_model") else model
-    extractor = AT2FeatureExtractor(num_layers=len(base.layers), num_heads=model.config.num_attention_heads,
-                                    model_type="llama")
-    return np.asarray(AT2Attributor(task, AT2ScoreEstimator(extractor)).get_attribution_scores(), np.float64)
+    return np.asarray(AT2Attributor(task, estimator).get_attribution_scores(), np.float64)
 
 
 def flashtrace(model, tokenizer, prepared) -> np.ndarray:

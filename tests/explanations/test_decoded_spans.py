@@ -162,3 +162,28 @@ def test_tables_are_read_once_per_tokenizer_and_again_when_tokens_are_added():
     assert again is not first and len(again.pieces) == len(first.pieces) + 1
     new = [*ids, len(tokenizer) - 1]
     assert decoded_ends(tokenizer, new) == _every_prefix(tokenizer, new)
+
+
+def test_the_lead_ids_are_read_once_per_template():
+    import copy
+
+    from tokenizers import processors
+
+    from normx.explanations import generation
+
+    tokenizer = copy.deepcopy(tiny.bpe_tokenizer("llama"))  # "<s> $A"
+    ids = tokenizer("the film")["input_ids"]
+    calls = []
+
+    class Counting(type(tokenizer)):
+        def __call__(self, *args, **kwargs):
+            calls.append(1)
+            return super().__call__(*args, **kwargs)
+
+    tokenizer.__class__ = Counting
+    assert generation._added_prefix(tokenizer, ids) == 1
+    read = len(calls)
+    assert generation._added_prefix(tokenizer, ids) == 1 and len(calls) == read  # kept
+    tokenizer.backend_tokenizer.post_processor = processors.TemplateProcessing(single="$A", pair="$A $B:1")
+    assert generation._added_prefix(tokenizer, ids) == 0  # another template: read again
+    assert len(calls) > read
