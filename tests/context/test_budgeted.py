@@ -149,3 +149,21 @@ def test_threads_sharing_one_model_get_what_they_get_alone(llama):
                              [3, 5, 3, 5]))
     for budget, scores in runs:
         np.testing.assert_array_equal(np.nan_to_num(scores), np.nan_to_num(alone[budget]))
+
+
+def test_a_mask_costs_what_its_pass_reads():
+    """Closed form: a masked pass on a cut cache reads every key of the pass from every query (a rectangle, through
+    its explicit mask); a whole pass reads the keys before each token (a triangle); both in plain passes."""
+    costs = budgeted.Costs(body=100.0, head=40.0, attention=3.0)
+    sources, prompt, steps = [list(range(0, 10)), list(range(10, 20))], 24, 2  # tokens 20-23: the question
+    masks = np.array([[1, 0], [0, 1]])
+    plain = costs.plain(prompt + steps)
+    assert plain == (prompt + steps) * (100 + 40) + 3.0 * sum(range(1, prompt + steps + 1))
+    call = prefix.CALL_ROWS * 100.0
+    shared = budgeted.mask_costs(sources, masks, prompt, steps, True, costs)
+    # [1, 0]: from token 10 on, the question's 4 and the 2 steps, each reading 10 cached keys and the pass's 6
+    assert shared[0] == pytest.approx((6 * 100 + 3.0 * 6 * 16 + steps * 40 + call) / plain)
+    # [0, 1]: from token 0 on, 10 + 4 + 2 tokens on no cache
+    assert shared[1] == pytest.approx((16 * 100 + 3.0 * 16 * 16 + steps * 40 + call) / plain)
+    whole = budgeted.mask_costs(sources, masks, prompt, steps, False, costs)
+    assert whole[0] == pytest.approx((16 * 100 + 3.0 * sum(range(1, 17)) + steps * 40 + call) / plain)
