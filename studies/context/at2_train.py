@@ -17,13 +17,14 @@ The contexts: 32-71 of the ``train`` split (20 ``qa``, 20 ``claim``, ~300 tokens
 (the user message "Context: {context}\\n\\nQuery: {query}" under SmolLM2's chat template: normx's layout, checked to
 give normx's ids) whose sources are the example's sources (the partition the peers study gives AT2's attributor,
 checked to give the evaluation's token spans), and whose generation is normx's response (the evaluation's greedy
-answer, at most 12 tokens, the end-of-turn token left out), written as the trainer's generations file before
-``generate``, which then only records each task's sources and targets (at2's own greedy generation runs up to 512
-new tokens and keeps the end-of-turn token: not the response the held-out LDS reads). Then at2's own
-``compute_features_and_outputs`` (its 32 masks per context, each source kept with p = 0.5 from seeds 0-31, its
-ablation forwards with the sources' attention masked, the response's sentences as targets) and ``train`` (Pearson
-loss, Adam, cosine schedule, gradient clipping 1.0, 1,000 steps at learning rate 1e-3; the estimator's weights
-L1-normalised at the end), saving ``DIR/estimators/NAME/score_estimator.pt``. ``generate`` and
+answer, at most 12 tokens, the end-of-turn token left out; at2 reads it as text, which on ``qa-train-300-0-30``
+it tokenises to two "\\n" tokens where the model generated one "\\n\\n": listed in summary.json), written as the
+trainer's generations file before ``generate``, which then only records each task's sources and targets (at2's own
+greedy generation runs up to 512 new tokens and keeps the end-of-turn token: not the response the held-out LDS
+reads). Then at2's own ``compute_features_and_outputs`` (its 32 masks per context, each source kept with p = 0.5
+from seeds 0-31, its ablation forwards with the sources' attention masked, the response's sentences as targets) and
+``train`` (Pearson loss, Adam, cosine schedule, gradient clipping 1.0, 1,000 steps at learning rate 1e-3; the
+estimator's weights L1-normalised at the end), saving ``DIR/estimators/NAME/score_estimator.pt``. ``generate`` and
 ``compute_features_and_outputs`` resume where the trainer does (its JSON files and memory-mapped stores in DIR).
 
 What differs from the authors' recipe (scripts/train_context_at2.py of MadryLab/AT2: 4,000 Dolly-15k contexts,
@@ -106,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     trainer = AT2Trainer(save_path=args.out, dataset=Dataset.from_list(rows), model=model, tokenizer=tokenizer,
                          task_from_example=task_from_example, feature_extractor=at2_extractor(model),
                          split_target_by=split, num_masks=args.masks)
-    check_tasks(trainer, rows)
+    retokenised = check_tasks(trainer, rows)
     for step, run in (("generate", lambda: trainer.generate()),
                       ("features_and_outputs", lambda: trainer.compute_features_and_outputs(
                           batch_size=args.forward_batch))):
@@ -130,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = {
         "command": "PYTHONPATH=. PEERS_PYTHON -m studies.context.at2_train " + " ".join(argv or sys.argv[1:]),
         "contexts": [row["id"] for row in rows], "contexts_with_targets": len(usable),
+        "response_retokenised": retokenised,
         "targets": {row["id"]: trainer.task_datas[i]["num_targets"] for i, row in enumerate(rows)},
         "settings": {"masks": args.masks, "split_target_by": split, "iterations": args.iterations,
                      "learning_rate": args.learning_rate, "batch_size": batch, "forward_batch": args.forward_batch,
@@ -189,15 +191,22 @@ def seeded_generations(folder: Path, rows: list[dict]) -> None:
     file.write_text(json.dumps(wanted, indent=4))
 
 
-def check_tasks(trainer, rows: list[dict]) -> None:
-    """Each task reads normx's ids, response and sources' token spans."""
+def check_tasks(trainer, rows: list[dict]) -> list[str]:
+    """Each task reads normx's prompt ids, sources' token spans and response text; returns the contexts whose response
+    text at2 tokenises to other ids than normx's greedy ones (at2 reads text: ``"\n\n"`` generated as one token can
+    come back as two)."""
+    retokenised = []
     for i, row in enumerate(rows):
         task = trainer.get_task(i)
-        ids = list(task.get_tokens()["input_ids"])
+        ids, length = list(task.get_tokens()["input_ids"]), row["prompt_length"]
         start, end = task.target_token_range
         spans = [list(span) for span in task.source_token_ranges]
-        if ids != row["ids"] or (start, end) != (row["prompt_length"], len(row["ids"])) or spans != row["spans"]:
-            raise RuntimeError(f"{row['id']}: at2's task reads other ids, response or source spans than normx")
+        if (ids[:length] != row["ids"][:length] or (start, end) != (length, len(ids)) or spans != row["spans"]
+                or trainer.tokenizer.decode(ids[start:end]) != row["response"]):
+            raise RuntimeError(f"{row['id']}: at2's task reads other prompt ids, source spans or response than normx")
+        if ids != row["ids"]:
+            retokenised.append(row["id"])
+    return retokenised
 
 
 def in_sample(trainer, indices: list[int], estimator) -> dict:
