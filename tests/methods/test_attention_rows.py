@@ -236,10 +236,11 @@ def test_recorded_pass_needs_no_eager_attention(method, monkeypatch):
 
 def test_the_rows_checks_are_read_once_after_the_pass(monkeypatch):
     """Every block's checks are tensors made inside the hooks and read in one copy after the forward pass (no device
-    synchronisation inside it): the blocks' sums and mixes are all pending when the last block has run."""
+    synchronisation inside it): the blocks' sums and mixes are all pending when the last block has run. (A model's
+    first pass of a kind makes the checks: normx.methods.decoder.checked; so a model no other test has read.)"""
     from normx.methods.decoder import maps
 
-    model, tok = tiny.build("LlamaForCausalLM")
+    model, tok = tiny.build("LlamaForCausalLM", fresh=True)
     copies = []
     real = maps.Checks.verify
 
