@@ -135,7 +135,7 @@ class BatchAttribution:
     model's device)."""
 
     scores: torch.Tensor  # [B, K, layers, T] float32, padding positions included
-    logits: torch.Tensor  # [B, C] float32: the model's prediction
+    logits: torch.Tensor | None  # [B, C] float32: the model's prediction (None: not asked for)
     columns: torch.Tensor  # [B, K] the explained columns
     pooled: torch.Tensor  # [B] the pooled position of each row
     diagnostics: dict[str, torch.Tensor]  # per-row [B, K] values the method reports
@@ -177,13 +177,15 @@ def prepare(model, tokenizer, method: str = "normxlogit", target=None, layer=Non
                 tokenizer.mask_token_id, tuple(chosen.capture(layers, num_layers, options)))
 
 
-def attribute_batch(plan: Plan, inputs: dict[str, torch.Tensor],
-                    columns: torch.Tensor | None = None) -> BatchAttribution:
+def attribute_batch(plan: Plan, inputs: dict[str, torch.Tensor], columns: torch.Tensor | None = None,
+                    prediction: bool = True) -> BatchAttribution:
     """One batch of :func:`explain` without the tokenising and the result objects: ``inputs`` as
     :func:`normx.core.batch.collate` makes them (``input_ids``, ``attention_mask``, the tokenizer's extra inputs,
     decoders' ``position_ids``), on the model's device; ``columns`` [B, K]: each row's own target columns (by
-    default the plan's, or the prediction). Runs in eval mode, holding the model shared
-    (:func:`normx.core.concurrency.using`): safe to call from several threads on one model."""
+    default the plan's, or the prediction); ``prediction=False`` with ``columns`` given: the head is not run at the
+    pooled position (``logits`` and ``ctx.logits`` are None), for the per-position methods, which never read it.
+    Runs in eval mode, holding the model shared (:func:`normx.core.concurrency.using`): safe to call from several
+    threads on one model."""
     ids = inputs["input_ids"]
     given = columns
 
@@ -202,7 +204,7 @@ def attribute_batch(plan: Plan, inputs: dict[str, torch.Tensor],
             logits, columns = ctx.logits, ctx.columns
         else:
             run.run()
-            logits = run.pooled_logits().float()
+            logits = None if given is not None and not prediction else run.pooled_logits().float()
             columns = select(logits)
             ctx = Context(run, plan.labels, columns, foil, options=plan.options, logits=logits)
             scores = plan.method.compute(ctx).float()

@@ -344,7 +344,7 @@ def _all_steps(plan: Plan, inputs: dict, columns: torch.Tensor, queries: torch.T
     (``Method.query_rows``) gives each step's row at its query position, the token before the generated one."""
     method = plan.method
     if method.query_rows is None:
-        out = attribute_batch(plan, inputs, columns)
+        out = attribute_batch(plan, inputs, columns, prediction=False)  # (a per-position method: never read)
         return out.scores, out.run, dict(out.diagnostics)
     run = Pass(plan.base, plan.adapter, inputs, plan.layers, plan.embedding, reads=plan.reads).locate()
     ctx = Context(run, plan.labels, columns, None, options=plan.options)

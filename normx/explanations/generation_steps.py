@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from normx._torch import torch
+from normx.core.batch import id_tensor
 from normx.core.inputs import Encoded, batches
 from normx.explanations.explain import Plan, attribute_batch
 from normx.explanations.generation_reading import step_readings
@@ -48,7 +49,7 @@ def model_free(plan: Plan, tokenizer, items: list[Encoded], lengths: list[int], 
             ids = torch.zeros((n, total - 1), dtype=torch.long)
             mask = torch.zeros_like(ids)
             for t in range(n):
-                ids[t, :length + t] = torch.tensor(item.ids[:length + t])
+                ids[t, :length + t] = id_tensor(item.ids[:length + t])
                 mask[t, :length + t] = 1
             ctx = Context(_Ids({"input_ids": ids, "attention_mask": mask}), plan.labels,
                           torch.zeros((n, 1), dtype=torch.long), None, options=plan.options)

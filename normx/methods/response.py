@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from normx._torch import torch
+from normx.core.batch import id_tensor
 from normx.core.hooks import output_tensor
 from normx.core.inputs import Encoded
 
@@ -106,9 +107,9 @@ def gradient_response(product: bool, rules: Callable | None = None, check: Calla
         if check is not None:
             check(ctx)
         model, adapter = ctx.model, ctx.adapter
-        ids = torch.tensor([ctx.ids], device=ctx.handle.device)
+        ids = id_tensor(ctx.ids, ctx.handle.device)[None]
         mask = torch.ones_like(ids)
-        where = torch.tensor(response_positions(ctx.prompt_length, ids.shape[1]), device=ids.device)
+        where = id_tensor(response_positions(ctx.prompt_length, ids.shape[1]), ids.device)
         targets = ids[0, ctx.prompt_length:]
         with torch.no_grad():
             embeds = adapter.embedding_module(model, "word")(ids).detach()

@@ -42,6 +42,7 @@ from contextlib import nullcontext
 import numpy as np
 
 from normx._torch import torch
+from normx.core.batch import id_tensor
 from normx.core.hooks import output_tensor
 from normx.core.inputs import pad_token_id
 from normx.errors import InvalidInputError
@@ -89,8 +90,8 @@ class _Sequence:
     def __init__(self, ctx: ResponseContext):
         self.ctx = ctx
         self.model, self.adapter = ctx.model, ctx.adapter
-        self.ids = torch.tensor([ctx.ids], device=ctx.handle.device)
-        self.where = torch.tensor(response_positions(ctx.prompt_length, self.ids.shape[1]), device=self.ids.device)
+        self.ids = id_tensor(ctx.ids, ctx.handle.device)[None]
+        self.where = id_tensor(response_positions(ctx.prompt_length, self.ids.shape[1]), self.ids.device)
         self.targets = self.ids[0, ctx.prompt_length:]  # [n]
         self.embeds = word_embeddings(self.model, self.adapter, self.ids)  # [1, T, H]
 

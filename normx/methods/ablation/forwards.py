@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from normx._torch import torch
+from normx.core.batch import id_tensor
 from normx.core.hooks import output_tensor
 from normx.errors import InvalidInputError
 from normx.methods.response import ResponseContext, response_positions
@@ -63,7 +64,7 @@ def read_outcomes(ctx: ResponseContext, hidden: torch.Tensor, repeats: int = 1
                   ) -> tuple[np.ndarray, np.ndarray, torch.Tensor]:
     """From the hidden states [repeats * n, H] that predict the response's tokens (``repeats`` sequences' rows one
     after another): each token's log-probability and logit-probability [repeats * n] (float64) and the logits."""
-    targets = torch.tensor(ctx.ids[ctx.prompt_length:] * repeats, device=hidden.device)
+    targets = id_tensor(ctx.ids[ctx.prompt_length:] * repeats, hidden.device)
     logits = ctx.adapter.head(ctx.model, hidden, None).float()  # [n, V]
     chosen = logits.gather(1, targets[:, None])[:, 0]
     log_p = (chosen - torch.logsumexp(logits, -1)).double().cpu().numpy()
@@ -124,7 +125,7 @@ def _distinct_outcomes(ctx: ResponseContext, sources: list[list[int]], keeps: np
         ids = torch.zeros((len(chunk), width), dtype=torch.long)
         mask = torch.zeros((len(chunk), width), dtype=torch.long)
         for r, seq in enumerate(chunk):
-            ids[r, :len(seq)] = torch.tensor(seq)
+            ids[r, :len(seq)] = id_tensor(seq)
             mask[r, :len(seq)] = 1
         ids, mask = ids.to(ctx.handle.device), mask.to(ctx.handle.device)
         with ctx.handle.using(), torch.no_grad():

@@ -20,6 +20,7 @@ import weakref
 import numpy as np
 
 from normx._torch import torch
+from normx.core.batch import id_tensor
 from normx.core.hooks import output_tensor
 from normx.methods.response import ResponseContext
 
@@ -52,7 +53,7 @@ class Prefix:
     def __init__(self, ctx: ResponseContext):
         self.ctx = ctx
         model, adapter = ctx.model, ctx.adapter
-        ids = torch.tensor([ctx.ids], device=ctx.handle.device)
+        ids = id_tensor(ctx.ids, ctx.handle.device)[None]
         kwargs = {k: v for k, v in adapter.forward_kwargs.items() if k != "use_cache"}
         with ctx.handle.using(), torch.no_grad():
             out = model.base_model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=True, **kwargs)
@@ -72,7 +73,7 @@ class Prefix:
         width, count, cut = max(len(r) for r in rows), len(rows), max(starts)
         ids = torch.zeros((count, width), dtype=torch.long)
         for r, row in enumerate(rows):
-            ids[r, :len(row)] = torch.tensor(row)
+            ids[r, :len(row)] = id_tensor(row)
         ids = ids.to(device)
         begin = torch.tensor(starts, device=device)
         positions = begin[:, None] + torch.arange(width, device=device)[None]

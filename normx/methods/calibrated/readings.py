@@ -58,6 +58,7 @@ from typing import Any
 import numpy as np
 
 from normx._torch import torch
+from normx.core.batch import id_tensor
 from normx.core.forward import Pass
 from normx.errors import InvalidInputError
 from normx.methods.ablation import spread
@@ -113,9 +114,9 @@ def head_readings(handle, ids: Sequence[int], prompt_length: int, families: Sequ
     if not eager:
         return {layer: reduce(layer, torch.stack([knocked[layer][f] for f in families]))
                 for layer in range(1, blocks + 1)}, logits
-    tensor = torch.tensor([list(ids)], device=handle.device)
+    tensor = id_tensor(ids, handle.device)[None]
     run = Pass(model, adapter, {"input_ids": tensor, "attention_mask": torch.ones_like(tensor)}, [blocks])
-    queries = torch.tensor([response_positions(prompt_length, total)], device=handle.device)
+    queries = id_tensor(response_positions(prompt_length, total), handle.device)[None]
     wants_values = "norm" in families or "logit" in families
     read = block_attention(model, list(range(1, blocks + 1)), method, values=wants_values)
     later: dict[int, tuple] = {}  # logit family: (alpha, values, W_O) kept until the gradients are known

@@ -34,6 +34,7 @@ import inspect
 from collections.abc import Sequence
 
 from normx._torch import torch
+from normx.core.batch import id_tensor
 from normx.core.hooks import change_inputs
 from normx.errors import InvalidInputError, UnsupportedModelError
 from normx.methods.decoder.heads import block_attention, check_response, decoder_shape
@@ -66,7 +67,7 @@ def _setup(handle, ids: Sequence[int], prompt_length: int, method: str):
     blocks, heads = decoder_shape(model, adapter)
     modules = {str(layer): read.attention for layer, read in
                block_attention(model, list(range(1, blocks + 1)), method, values=False).items()}
-    return model, modules, _keywords(model), heads, torch.tensor([list(ids)], device=handle.device)
+    return model, modules, _keywords(model), heads, id_tensor(ids, handle.device)[None]
 
 
 def _prompt_cache(model, tensor: torch.Tensor, first_row: int, keywords: tuple[str, dict], method: str):
