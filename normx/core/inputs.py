@@ -147,13 +147,14 @@ def encode(tokenizer, texts: list[str], pairs: list[str] | None, max_length: int
     # one call for all texts (the tokenizer's batch path); an over-long text is encoded again, truncated
     lock = tokenizer_lock(tokenizer)  # a fast tokenizer's truncation setting is state of the shared object
     with lock:
-        batch = tokenizer(texts, pairs, truncation=False, **kwargs)
+        found = backend_encodings(tokenizer, texts, pairs) if set(keep) <= {"token_type_ids"} else None
+        batch = tokenizer(texts, pairs, truncation=False, **kwargs) if found is None else None
     out = []
     for i, text in enumerate(texts):
         pair = pairs[i] if pairs is not None else None
-        enc, index = batch, i
         warnings = []
-        n = len(batch["input_ids"][i])
+        parts = _from_encoding(found[i], keep) if found is not None else _from_batch(batch, i, keep)
+        n = len(parts[0])
         if n > max_length:
             what = f"input {i} has {n} tokens, more than the model's {max_length}"
             if truncation == "error":
@@ -162,21 +163,40 @@ def encode(tokenizer, texts: list[str], pairs: list[str] | None, max_length: int
                 enc = tokenizer([text], None if pair is None else [pair],
                                 truncation="longest_first" if pair is not None else True, max_length=max_length,
                                 **kwargs)
-            index = 0
+            parts = _from_batch(enc, 0, keep)
             warnings.append(f"{what}: truncated to {max_length} tokens")
-        ids = list(enc["input_ids"][index])
-        offsets = [tuple(o) for o in enc["offset_mapping"][index]]
-        seq_ids = enc.sequence_ids(index) if enc.encodings else None
+        ids, offsets, seq_ids, special, extra = parts
         warnings.extend(unknown_pieces(tokenizer, ids, offsets, text, pair, seq_ids))
         seq_ids = seq_ids if seq_ids is not None else [None] * len(ids)
-        special = [bool(s) for s in enc["special_tokens_mask"][index]]
         segments = [-1 if (sid is None or sp) else int(sid) for sid, sp in zip(seq_ids, special)]
-        out.append(Encoded(
-            text=text, text_pair=pair, ids=ids, tokens=vocabulary_names(tokenizer, ids),
-            offsets=offsets, segments=segments, special=special,
-            extra={name: list(enc[name][index]) for name in keep if name in enc}, warnings=warnings,
-        ))
+        out.append(Encoded(text=text, text_pair=pair, ids=ids, tokens=vocabulary_names(tokenizer, ids),
+                           offsets=offsets, segments=segments, special=special, extra=extra, warnings=warnings))
     return out
+
+
+def backend_encodings(tokenizer, texts: list[str], pairs: list[str] | None) -> list | None:
+    """The Rust tokenizer's encodings of ``texts`` (with ``pairs``), special tokens added, where
+    ``tokenizer(texts, pairs)`` is only that encoding (:func:`_plain_encoding`); else None. transformers' call around
+    it costs more than the encoding of a short text (the demo's case). The caller holds the tokenizer's lock."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if not _plain_encoding(tokenizer, backend):
+        return None
+    return backend.encode_batch(list(texts) if pairs is None else list(zip(texts, pairs)), add_special_tokens=True)
+
+
+def _from_encoding(encoding, keep: list[str]) -> tuple:
+    """(ids, offsets, sequence ids, special, extra inputs) of one Rust encoding, as :func:`_from_batch` reads them."""
+    extra = {"token_type_ids": list(encoding.type_ids)} if "token_type_ids" in keep else {}
+    return (list(encoding.ids), list(encoding.offsets), encoding.sequence_ids,
+            [bool(s) for s in encoding.special_tokens_mask], extra)
+
+
+def _from_batch(enc, index: int, keep: list[str]) -> tuple:
+    """(ids, offsets, sequence ids, special, extra inputs) of row ``index`` of a tokenizer call's output."""
+    return (list(enc["input_ids"][index]), [tuple(o) for o in enc["offset_mapping"][index]],
+            enc.sequence_ids(index) if enc.encodings else None,
+            [bool(s) for s in enc["special_tokens_mask"][index]],
+            {name: list(enc[name][index]) for name in keep if name in enc})
 
 
 def unknown_pieces(tokenizer, ids: list[int], offsets: list[tuple[int, int]], text: str, pair: str | None,

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from normx._torch import torch
+from normx.core.batch import id_tensor
 from normx.core.vocabulary import vocabulary_names
 from normx.errors import UnknownTargetError, UnsupportedModelError
 from normx.models import HeadKind
@@ -102,20 +103,21 @@ class LabelSpace:
             tied = top.values[:, 0] == top.values[:, 1]
             if bool(tied.any()):
                 best = torch.where(tied, logits.argmax(-1), best)
-        shown = [list(dict.fromkeys(row[:TOP_TOKENS] + list(extra)))
-                 for row, extra in zip(top.indices.tolist(), columns)]
-        width = max(len(row) for row in shown)
-        index = torch.tensor([row + row[-1:] * (width - len(row)) for row in shown], device=logits.device)
+        shown = top.indices[:, :TOP_TOKENS]  # then each row's own columns (a repeat of a top one adds no entry)
+        width = max(len(extra) for extra in columns)
+        flat = [c for extra in columns for c in extra + (extra[-1:] or [0]) * (width - len(extra))]
+        index = torch.cat([shown, id_tensor(flat, logits.device).reshape(len(columns), width)], 1)
         peak = top.values[:, :1]
         total = (logits - peak).exp().sum(-1, keepdim=True)
         values = ((logits.gather(-1, index) - peak).exp() / total).tolist()
         best = best.tolist()
-        names = vocabulary_names(self.tokenizer, [i for row in shown for i in row] + best)
-        probabilities, at = [], 0
-        for row, vals in zip(shown, values):
-            probabilities.append({names[at + k]: float(vals[k]) for k in range(len(row))})
-            at += len(row)
-        wanted = [[vals[row.index(c)] for c in extra] for row, vals, extra in zip(shown, values, columns)]
+        names = vocabulary_names(self.tokenizer, index.flatten().tolist() + best)
+        probabilities, at, cut = [], 0, shown.shape[1]
+        for vals, extra in zip(values, columns):
+            row = names[at:at + len(vals)]
+            probabilities.append(dict(zip(row[:cut + len(extra)], vals)))
+            at += len(vals)
+        wanted = [vals[cut:cut + len(extra)] for vals, extra in zip(values, columns)]
         return Read(names[at:], probabilities, best, wanted)
 
     def name(self, column: int) -> str:

@@ -45,3 +45,17 @@ def test_classification_and_regression_rows():
     probs = logits.softmax(-1)
     assert read.probabilities[0] == {labels.names[i]: float(probs[0, i]) for i in range(3)}
     assert read.wanted == [[float(probs[0, 0])], [float(probs[1, 2])]]
+
+
+def test_rows_with_columns_of_different_lengths():
+    model, tokenizer = tiny.build("LlamaForCausalLM")
+    labels = LabelSpace(HeadKind.CAUSAL_LM, model.config, tokenizer)
+    torch.manual_seed(1)
+    logits = torch.randn(3, len(tokenizer))
+    top = int(logits[0].argmax())
+    columns = [[top], [], [4, 8, 15]]  # a column among the top tokens, none, three
+    read = labels.read(logits, columns)
+    assert [len(w) for w in read.wanted] == [1, 0, 3]
+    assert len(read.probabilities[0]) == TOP_TOKENS and len(read.probabilities[1]) == TOP_TOKENS
+    probs = logits.softmax(-1)
+    assert all(abs(a - float(probs[2, c])) <= 1e-6 for a, c in zip(read.wanted[2], columns[2]))

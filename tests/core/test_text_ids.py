@@ -8,7 +8,8 @@ import copy
 import pytest
 import tiny
 
-from normx.core.inputs import _plain_encoding, text_ids
+from normx.core import inputs
+from normx.core.inputs import _plain_encoding, backend_encodings, encode, text_ids
 
 TEXTS = ["The cat sat on the mat.", "  leading and trailing spaces  ", "naïve café — 東京 🙂", "a\nb\n\nc\t d",
          "<s> a literal special token </s> in text", " ".join(tiny.CORPUS)]
@@ -55,3 +56,20 @@ def test_a_subclass_with_its_own_encoding_takes_its_call():
     assert not _plain_encoding(tokenizer, tokenizer.backend_tokenizer)
     assert text_ids(tokenizer, "hello") == tokenizer("hello")["input_ids"] != tokenizer.backend_tokenizer.encode(
         "hello").ids
+
+
+@pytest.mark.parametrize("name", sorted(_tokenizers()))
+def test_encode_reads_the_same_from_the_rust_encodings(name, monkeypatch):
+    """``encode`` (normx.explain's tokenising) from the Rust tokenizer's encodings gives each text (and pair) what
+    it gives from the tokenizer's own call: ids, offsets, segments, special tokens, token types, warnings."""
+    tokenizer = _tokenizers()[name]
+    tokenizer("x")
+    pairs = list(reversed(TEXTS))
+    assert backend_encodings(tokenizer, TEXTS, None) is not None  # the fast path is the one measured
+    fast = [encode(tokenizer, TEXTS, None, 512, "warn"), encode(tokenizer, TEXTS, pairs, 512, "warn"),
+            encode(tokenizer, TEXTS, None, 6, "warn")]  # (an over-long text is encoded again, truncated)
+    monkeypatch.setattr(inputs, "backend_encodings", lambda *_: None)
+    slow = [encode(tokenizer, TEXTS, None, 512, "warn"), encode(tokenizer, TEXTS, pairs, 512, "warn"),
+            encode(tokenizer, TEXTS, None, 6, "warn")]
+    assert fast == slow
+    assert any(item.warnings for item in fast[2]) and fast[1][0].segments.count(1) > 0
