@@ -14,21 +14,18 @@ whole passes (``outcomes``), and the method's settings say which ran.
 
 from __future__ import annotations
 
-import threading
-import weakref
-
 import numpy as np
 
 from normx._torch import torch
 from normx.core.batch import id_tensor
 from normx.core.hooks import output_tensor
+from normx.core.verdicts import Verdicts
 from normx.methods.response import ResponseContext
 
 # what one more forward pass costs beside its rows, in rows: a 2-core CPU reads a 135M model's weights in about as
 # long as it runs 60 rows (a card launches its kernels in less); a split cares only for the order of magnitude
 CALL_ROWS = 64
-_VERDICTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {dtype: bool}
-_LOCK = threading.Lock()
+_VERDICTS = Verdicts()  # model -> {dtype: whether its cut cache continues as its own pass}
 
 
 def plain_layers(cache) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
@@ -179,8 +176,7 @@ def verified(ctx: ResponseContext, prefix: Prefix, tolerance: float) -> bool:
     and dtype, on this sequence: its last ``min(8, prompt)`` prompt tokens and the response read after the rest)."""
     model = ctx.model
     dtype = str(prefix.hidden.dtype)
-    with _LOCK:
-        known = _VERDICTS.get(model, {}).get(dtype)
+    known = _VERDICTS.get(model, dtype)
     if known is not None:
         return known
     if prefix.layers is None:
@@ -193,6 +189,5 @@ def verified(ctx: ResponseContext, prefix: Prefix, tolerance: float) -> bool:
         whole = torch.cat([prefix.hidden[start:], prefix.hidden[other:]]).float()
         scale = float(whole.abs().max()) or 1.0
         verdict = bool(torch.isfinite(again).all()) and float((again - whole).abs().max()) <= tolerance * scale
-    with _LOCK:
-        _VERDICTS.setdefault(model, {})[dtype] = verdict
+    _VERDICTS.record(model, dtype, verdict)
     return verdict

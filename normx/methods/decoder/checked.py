@@ -6,11 +6,9 @@ whether rows are padded (a batch of several) and whether the tokens outrun a blo
 
 from __future__ import annotations
 
-import threading
-import weakref
+from normx.core.verdicts import Verdicts
 
-_SEEN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {kind: True read | False unreadable}
-_LOCK = threading.Lock()
+_SEEN = Verdicts()  # model -> {kind: True read | False unreadable}
 
 
 def pass_kind(inputs: dict, read: dict, method: str) -> tuple:
@@ -27,10 +25,8 @@ def pass_kind(inputs: dict, read: dict, method: str) -> tuple:
 
 def verdict(model, kind: tuple) -> bool | None:
     """True: this kind was read and checked on ``model``; False: found unreadable (eager); None: not yet."""
-    with _LOCK:
-        return _SEEN.get(model, {}).get(kind)
+    return _SEEN.get(model, kind)
 
 
 def record(model, kind: tuple, readable: bool) -> None:
-    with _LOCK:
-        _SEEN.setdefault(model, {})[kind] = readable
+    _SEEN.record(model, kind, readable)
