@@ -17,7 +17,11 @@ from normx.errors import InvalidInputError
 from normx.methods.ablation import ablation_masks, budgeted, prefix
 from normx.methods.ablation.forwards import outcomes
 from normx.methods.ablation.sources import auto_split, question_start
+from normx.methods.calibrated import weights as stored
+from normx.methods.calibrated.readings import shape
 from normx.methods.response import ResponseContext
+from normx.models import get_adapter
+from normx.models.identity import model_identity
 
 PROMPT = "Context: the film was good. a dull movie! the end was fine. it was long.\nQuestion: good?\nAnswer:"
 
@@ -167,3 +171,56 @@ def test_a_mask_costs_what_its_pass_reads():
     assert shared[1] == pytest.approx((16 * 100 + 3.0 * 16 * 16 + steps * 40 + call) / plain)
     whole = budgeted.mask_costs(sources, masks, prompt, steps, False, costs)
     assert whole[0] == pytest.approx((16 * 100 + 3.0 * sum(range(1, 17)) + steps * 40 + call) / plain)
+
+
+def test_fit_towards_a_prior_closed_form():
+    """With a prior the weights are c * prior + d: outcomes the prior explains up to its scale give it back exactly
+    (d = 0), and a source no mask varied keeps c times its prior (without one it weighs 0)."""
+    rng = np.random.default_rng(4)
+    true = np.array([2.0, -1.0, 0.5, 3.0, 0.0])
+    masks = rng.random((9, 5)) < 0.5
+    masks[:, 3] = True  # source 3 is kept in every mask: the masks say nothing of it
+    y = 1.5 + masks @ true
+    got = budgeted.fit(masks, y, prior=true / 4)
+    np.testing.assert_allclose(got, true, atol=1e-9)
+    assert budgeted.fit(masks, y)[3] == 0.0
+    off = true + np.array([1.0, 0.0, 0.0, 0.0, 0.0])  # a prior wrong on source 0: the masks pull it back towards 2
+    pulled = budgeted.fit(masks, y, prior=off)
+    assert abs(pulled[0] - 2.0) < abs(off[0] - 2.0) and pulled[3] != 0.0
+
+
+def test_prior_from_calibrated_weights(llama, tmp_path, monkeypatch):
+    """prior="auto" reads calibrated_attention where the model has weights: its per-source scores are the prior,
+    its cost comes out of the budget, the scores are the fit towards it on the masks the result lists, and a budget
+    that buys no mask after it returns the prior's own scores."""
+    model, tok = llama
+    monkeypatch.setenv("NORMX_CACHE", str(tmp_path / "cache"))
+    blocks, heads = shape(model, get_adapter(model))
+    stored.store(stored.make_record("calibrated_attention", model_identity(model), ("tokens", "presence"),
+                                    {"tokens": np.full((1, 1), 0.1), "presence": np.ones((1, 1))}, (blocks, heads),
+                                    0.1, "logprob", 0.5, {"contexts": 3}))
+    g = normx.explain_generation(model, tok, PROMPT, method="budgeted", max_new_tokens=3, budget=8,
+                                 prior="calibrated_attention")
+    settings, response = g.settings, list(g.token_ids[g.prompt_length:])
+    spans = settings["source_spans"]
+    assert settings["prior"] == "calibrated_attention" and settings["masks"] >= 2
+    own = normx.explain_generation(model, tok, PROMPT, method="calibrated_attention", target=response, sources=spans)
+    prior = [float(np.nansum(own.scores[0][:, a:b])) for a, b in spans]
+    np.testing.assert_allclose(settings["prior_scores"], prior, rtol=1e-5, atol=1e-7)
+    design = np.array(settings["design"], bool)
+    sources = [list(range(a, b)) for a, b in spans]
+    np.testing.assert_allclose(settings["outcomes"][-1], _by_hand(model, list(g.token_ids), g.prompt_length, sources,
+                                                                  design[-1]).sum(), atol=1e-4)
+    got = [float(np.nansum(g.scores[0][:, a:b])) for a, b in spans]
+    np.testing.assert_allclose(got, budgeted.fit(design, np.array(settings["outcomes"]), np.array(prior)),
+                               rtol=1e-4, atol=1e-6)
+    plain = normx.explain_generation(model, tok, PROMPT, method="budgeted", target=response, budget=8)
+    assert plain.settings["prior"] == "none"  # auto: 8 passes buy more masks than the 4 sources without a prior
+    assert plain.settings["masks"] > max(settings["masks"], len(spans))  # (the prior's cost buys fewer)
+    fast = normx.explain_generation(model, tok, PROMPT, method="budgeted", target=response, budget="fast")
+    assert fast.settings["prior"] == "calibrated_attention"  # auto: 2 passes buy fewer masks than sources
+    assert fast.settings["masks"] == 0 and fast.settings["passes"] < 2
+    np.testing.assert_allclose([float(np.nansum(fast.scores[0][:, a:b])) for a, b in spans], prior, rtol=1e-5,
+                               atol=1e-7)
+    with pytest.raises(InvalidInputError, match="prior"):
+        normx.explain_generation(model, tok, PROMPT, method="budgeted", target=response, prior="attention")

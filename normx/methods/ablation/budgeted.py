@@ -1,15 +1,21 @@
 """``budgeted``: ContextCite's estimator within a cost the user sets, in forward passes.
 
-One pass over the whole sequence, its key-value cache kept; then ContextCite's random masks (mask i from
-``numpy.random.RandomState(seed + i)``, each source kept with probability 0.5), each run only from its first removed
-source on (:mod:`normx.methods.ablation.prefix`: a mask that keeps the first sources costs only the rest), drawn one
-after another while their cost stays within the budget; and a linear surrogate of the response's log-probability fitted
-on them (:func:`fit`). A source's score is its weight.
+One pass over the whole sequence, its key-value cache kept; then designed source masks (two-level designs,
+:mod:`normx.methods.ablation.designs`: :func:`plan_masks`), each run only from its first removed source on
+(:mod:`normx.methods.ablation.prefix`: a mask that keeps the first sources costs only the rest), as many as the
+budget pays for; and a linear surrogate of the response's log-probability fitted on them (:func:`fit`). A source's
+score is its weight.
 
 The budget counts the model's work in forward passes over the prompt and the response: the whole pass is one, a mask
 the tokens it runs (its kept tokens from its first removed source on, and the response) over the sequence's. Named
 budgets: ``"fast"`` (:data:`BUDGETS`), ``"balanced"`` (the default), ``"faithful"``. Where the model's cache cannot be
 cut (:func:`normx.methods.ablation.prefix.verified`), the masks run whole and cost their kept tokens.
+
+A prior where the masks alone cannot tell the sources apart (``prior="auto"``: ``calibrated_attention``'s scores
+where the model has calibrated weights, stored or shipped, and the budget buys no more masks than there are sources;
+``"calibrated_attention"``: always; ``"none"``): its one-pass reading is run first and its cost taken from the budget;
+the surrogate then shrinks towards the prior, scaled by the masks (:func:`fit`), so a source no mask varied still
+gets the prior's share, and a budget that buys no masks after it (``"fast"``) returns the prior's scores.
 
 Sources, by default (``sources="auto"``): the prompt before its closing question (the short lines at its end), split
 into paragraphs when it has passages, else into sentences (:func:`normx.methods.ablation.sources.auto_split`).
@@ -17,7 +23,7 @@ into paragraphs when it has passages, else into sentences (:func:`normx.methods.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -45,6 +51,8 @@ SPEND = 0.9
 CANDIDATES = 8  # designs drawn per call, the one that buys the most masks within the budget kept
 MAX_MASKS = 4096  # a budget past what the masks can use: ContextCite's estimator saturates long before
 RIDGE = 0.01  # the surrogate's ridge penalty on the centred masks (chosen on training contexts: docs/context.md)
+PRIOR_RIDGE = 1.0  # with a prior: the penalty on the weights' departure from the scaled prior (docs/context.md)
+PRIORS = ("auto", "calibrated_attention", "none")
 
 
 def budget_option(text: str) -> float | str:
@@ -138,16 +146,16 @@ def mask_costs(sources: list[list[int]], masks: np.ndarray, prompt_length: int, 
 
 
 def plan_masks(sources: list[list[int]], prompt_length: int, steps: int, budget: float, seed: int, shared: bool,
-               costs: Costs, per_pass: int = 1) -> np.ndarray:
+               costs: Costs, per_pass: int = 1, spent: float = 0.0) -> np.ndarray:
     """The masks :data:`SPEND` of the budget buys after the whole pass (at least :data:`MIN_ABLATIONS`): resolution IV
     designs where one fits, or all but one of its masks (:func:`normx.methods.ablation.designs.masks`,
     ``"fold_over"``), else a resolution III design and as many of its rows' complements as fit (``"screening"``):
     on the training contexts
     (docs/context.md) a whole fold-over beat the screening design and its complements at 15-16 masks, and lost to it
     below. Of :data:`CANDIDATES` equally good designs (seeds ``seed * CANDIDATES`` on), the one whose masks' costs
-    buy the most: which sources a design removes first decides what its masks cost."""
-    total = prompt_length + steps
-    left = SPEND * budget - (costs.tokens(np.arange(total)) + steps * costs.head) / costs.plain(total)
+    buy the most: which sources a design removes first decides what its masks cost. ``spent``: passes the budget
+    has paid for already (a prior's reading)."""
+    left = SPEND * budget - spent - whole_cost(prompt_length, steps, costs)
 
     def affordable(kind: str, limit: int, drawn: int) -> int:
         spent, count = 0.0, 0
@@ -170,20 +178,67 @@ def plan_masks(sources: list[list[int]], prompt_length: int, steps: int, budget:
     raise AssertionError("unreachable")
 
 
-def fit(masks: np.ndarray, log_p: np.ndarray) -> np.ndarray:
+def whole_cost(prompt_length: int, steps: int, costs: Costs) -> float:
+    """The whole pass (its cache kept, the head at the response's positions) in plain forward passes."""
+    total = prompt_length + steps
+    return (costs.tokens(np.arange(total)) + steps * costs.head) / costs.plain(total)
+
+
+def fit(masks: np.ndarray, log_p: np.ndarray, prior: np.ndarray | None = None,
+        strength: float = PRIOR_RIDGE) -> np.ndarray:
     """Each source's weight in a least-squares surrogate of the response's log-probability (``log_p`` [masks]) on
-    the masks (centred, with a small ridge :data:`RIDGE` for designs cut short; a source kept or removed in every
-    mask weighs 0)."""
+    the masks (centred). Without a ``prior``: a small ridge :data:`RIDGE` for designs cut short; a source kept or
+    removed in every mask weighs 0. With one (a score per source): the weights are ``c * prior + d``, the scale ``c``
+    fitted freely and ``d`` shrunk towards 0 by ``strength`` (a ridge towards the scaled prior), so the masks
+    correct the prior where they vary the sources and a source no mask varied keeps ``c`` times its prior."""
     x = np.asarray(masks, np.float64)
     x = x - x.mean(0)
     y = np.asarray(log_p, np.float64)
     y = y - y.mean()
     live = np.flatnonzero(x.std(0) > 0)
     weights = np.zeros(x.shape[1])
+    if prior is not None:
+        prior = np.asarray(prior, np.float64)
+        along = x @ prior  # the outcome the prior predicts, up to its scale
+        design = np.column_stack([along, x[:, live]])
+        penalty = np.sqrt(strength) * np.eye(len(live) + 1)[1:]  # (the scale is not penalised)
+        found = np.linalg.lstsq(np.vstack([design, penalty]), np.concatenate([y, np.zeros(len(live))]), rcond=None)[0]
+        weights = found[0] * prior
+        weights[live] += found[1:]
+        return weights
     if len(live):
         xl = x[:, live]
         weights[live] = np.linalg.solve(xl.T @ xl + RIDGE * np.eye(len(live)), xl.T @ y)
     return weights
+
+
+def _prior(ctx: ResponseContext, sources: list[list[int]], costs: Costs, per_pass: int) -> tuple[str, float]:
+    """The prior this call reads (``"calibrated_attention"`` or ``"none"``) and its cost in forward passes. ``auto``:
+    the calibrated reading where the model has weights for it and the budget alone buys no more masks than there are
+    sources (a surrogate of more sources than outcomes is undetermined; where the masks determine it, the prior's
+    cost buys masks that do better: docs/context.md)."""
+    from normx.methods.calibrated import NAME
+    from normx.methods.calibrated import weights as stored
+    from normx.methods.registry import get_method
+
+    choice = ctx.options["prior"]
+    if choice == "none" or (choice == "auto" and not stored.available(ctx.model)):
+        return "none", 0.0
+    if choice == "auto" and len(plan_masks(sources, ctx.prompt_length, ctx.steps, budget_value(ctx.options["budget"]),
+                                           ctx.options["seed"], True, costs, per_pass)) > len(sources):
+        return "none", 0.0
+    return NAME, float(get_method(NAME).cost(len(ctx.item.ids), ctx.steps, {}))
+
+
+def _prior_scores(ctx: ResponseContext, sources: list[list[int]]) -> tuple[np.ndarray, ResponseRows]:
+    """``calibrated_attention``'s score of each source (its rows summed over its tokens and the steps), and its
+    rows."""
+    from normx.methods.calibrated import calibrated
+
+    spans = [[members[0], members[-1] + 1] for members in sources]  # (a source's tokens follow one another)
+    found = calibrated(replace(ctx, options={**ctx.options, "sources": spans, "weights": None}))
+    rows = np.asarray(found.rows, np.float64)
+    return np.array([rows[:, members].sum() for members in sources]), found
 
 
 def budgeted(ctx: ResponseContext) -> ResponseRows:
@@ -191,29 +246,43 @@ def budgeted(ctx: ResponseContext) -> ResponseRows:
 
     sources = prompt_sources(ctx)
     budget = budget_value(ctx.options["budget"])
+    costs = Costs.of(ctx.model)
+    n = ctx.steps
+    per_pass = ctx.handle.rows_per_pass(int(ctx.options.get("internal_batch_size") or ctx.batch_size))
+    prior_name, prior_cost = _prior(ctx, sources, costs, per_pass)
+    settings = {"scope": "response", "source_spans": _spans(sources), "budget": budget, "prior": prior_name}
+    prior = None
+    if prior_name != "none":
+        prior, found = _prior_scores(ctx, sources)
+        settings["prior_scores"] = prior.tolist()
+        least = plan_masks(sources, ctx.prompt_length, n, budget, ctx.options["seed"], True, costs, per_pass,
+                           spent=prior_cost)  # (on a cut cache: the least the masks can cost)
+        if SPEND * budget < prior_cost + whole_cost(ctx.prompt_length, n, costs) + float(
+                mask_costs(sources, least, ctx.prompt_length, n, True, costs, per_pass).sum()):
+            settings |= {"masks": 0, "passes": round(prior_cost, 3), "shared_prefix": False,
+                         "rows": "the prior's rows: the budget buys no masks after it"}
+            return ResponseRows(found.rows, found.logits, {}, settings)
     whole = shared.Prefix(ctx)
     cut = shared.verified(ctx, whole, shared.tolerance(whole))
-    costs = Costs.of(ctx.model)
-    per_pass = ctx.handle.rows_per_pass(int(ctx.options.get("internal_batch_size") or ctx.batch_size))
-    masks = plan_masks(sources, ctx.prompt_length, ctx.steps, budget, ctx.options["seed"], cut, costs, per_pass)
+    masks = plan_masks(sources, ctx.prompt_length, n, budget, ctx.options["seed"], cut, costs, per_pass,
+                       spent=prior_cost)
     keeps = np.vstack([np.ones((1, len(sources)), bool), masks])
     log_p, _, logits = outcomes(ctx, sources, keeps, "budgeted", shared_prefix=whole if cut else False)
-    weights = fit(keeps, log_p.sum(1))  # the whole pass's outcome too: a mask that keeps every source, for free
-    n = ctx.steps
+    weights = fit(keeps, log_p.sum(1), prior)  # the whole pass's outcome too: a mask that keeps every source
     per_step = np.repeat(weights[:, None] / n, n, axis=1)
-    total = ctx.prompt_length + n
-    spent = ((costs.tokens(np.arange(total)) + n * costs.head) / costs.plain(total)
+    spent = (prior_cost + whole_cost(ctx.prompt_length, n, costs)
              + float(mask_costs(sources, masks, ctx.prompt_length, n, cut, costs, per_pass).sum()))
-    return ResponseRows(_rows(ctx, sources, per_step), logits, {"log_probability": log_p[0].tolist()},
-                        {"scope": "response", "source_spans": _spans(sources), "budget": budget, "masks": len(masks),
-                         "passes": round(spent, 3), "shared_prefix": cut,
-                         "rows": "the response's surrogate weights, each split evenly over the steps and over its "
-                                 "tokens"})
+    settings |= {"masks": len(masks), "passes": round(spent, 3), "shared_prefix": cut,
+                 "design": keeps.astype(int).tolist(), "outcomes": log_p.sum(1).tolist(),
+                 "rows": "the response's surrogate weights, each split evenly over the steps and over its tokens"}
+    return ResponseRows(_rows(ctx, sources, per_step), logits, {"log_probability": log_p[0].tolist()}, settings)
 
 
 def _check_budget(options: dict) -> dict:
     options = _check(options)
     budget_value(options["budget"])
+    if options["prior"] not in PRIORS:
+        raise InvalidInputError(f"prior={options['prior']!r} is not allowed; use one of {PRIORS}")
     return options
 
 
@@ -226,6 +295,10 @@ register_method(Method(
     options=[SOURCES_OPTION,
              Option("budget", "balanced", f"forward passes to spend (>= 1), or {', '.join(map(repr, BUDGETS))} "
                     f"({', '.join(f'{v:g}' for v in BUDGETS.values())})"),
-             Option("seed", 0, "mask i is drawn from numpy.random.RandomState(seed + i)", int), BATCH_OPTION],
+             Option("prior", "auto", "a one-pass reading the surrogate shrinks towards, its cost taken from the "
+                    "budget: auto (calibrated_attention where the model has calibrated weights and the budget "
+                    "alone buys no more masks than there are sources, else none), calibrated_attention, none", str,
+                    choices=PRIORS),
+             Option("seed", 0, "designs drawn from seed * 8 on", int), BATCH_OPTION],
     cost=lambda tokens, targets, options: budget_value(options["budget"]),
     **{**COMMON, "check_options": _check_budget}))

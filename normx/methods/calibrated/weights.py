@@ -179,6 +179,14 @@ def find(model, method: str) -> tuple[dict, Path]:
         "(or pass weights=FILE)")
 
 
+def available(model) -> bool:
+    """Whether :func:`find` has a weights file for ``model`` to read (stored in the cache, or shipped): the file is
+    checked when it is read, not here."""
+    key = fingerprint(_identity(model))
+    cached = folder() / f"{key}.json"
+    return cached.exists() or cached.is_symlink() or _shipped(key) is not None
+
+
 def _identity(model) -> dict:
     """model_identity, kept per model object while no parameter is replaced or changed in place (each tensor's
     storage and version counter are the signature): a call pays the fingerprint once, not on every explanation."""
