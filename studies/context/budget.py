@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
                 rows = np.nan_to_num(np.asarray(generation.scores[0], np.float64))
                 scores = np.array([rows[:, a:b].sum() for a, b in spans])
                 settings = {k: generation.settings.get(k) for k in ("masks", "passes", "shared_prefix", "prior",
-                                                                    "prior_scores", "design", "outcomes")
+                                                                    "prior_scores", "design", "outcomes", "groups")
                             if k in generation.settings}
             record["methods"][spec] = {"lds": metrics.lds(scores, masks, truth), "cost": took / forward,
                                        "scores": scores.tolist(), **settings}

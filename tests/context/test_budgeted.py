@@ -190,9 +190,9 @@ def test_fit_towards_a_prior_closed_form():
 
 
 def test_prior_from_calibrated_weights(llama, tmp_path, monkeypatch):
-    """prior="auto" reads calibrated_attention where the model has weights: its per-source scores are the prior,
-    its cost comes out of the budget, the scores are the fit towards it on the masks the result lists, and a budget
-    that buys no mask after it returns the prior's own scores."""
+    """prior="calibrated_attention": its per-source scores are the prior, its cost comes out of the budget, the
+    scores are the fit towards it on the masks the result lists; "auto" reads it only where the budget buys no mask
+    after it ("fast"), and returns the prior's own scores there."""
     model, tok = llama
     monkeypatch.setenv("NORMX_CACHE", str(tmp_path / "cache"))
     blocks, heads = shape(model, get_adapter(model))
@@ -215,12 +215,45 @@ def test_prior_from_calibrated_weights(llama, tmp_path, monkeypatch):
     np.testing.assert_allclose(got, budgeted.fit(design, np.array(settings["outcomes"]), np.array(prior)),
                                rtol=1e-4, atol=1e-6)
     plain = normx.explain_generation(model, tok, PROMPT, method="budgeted", target=response, budget=8)
-    assert plain.settings["prior"] == "none"  # auto: 8 passes buy more masks than the 4 sources without a prior
+    assert plain.settings["prior"] == "none"  # auto: 8 passes buy masks after the prior, and masks do better
     assert plain.settings["masks"] > max(settings["masks"], len(spans))  # (the prior's cost buys fewer)
     fast = normx.explain_generation(model, tok, PROMPT, method="budgeted", target=response, budget="fast")
-    assert fast.settings["prior"] == "calibrated_attention"  # auto: 2 passes buy fewer masks than sources
+    assert fast.settings["prior"] == "calibrated_attention"  # auto: 2 passes buy no mask after the prior
     assert fast.settings["masks"] == 0 and fast.settings["passes"] < 2
     np.testing.assert_allclose([float(np.nansum(fast.scores[0][:, a:b])) for a, b in spans], prior, rtol=1e-5,
                                atol=1e-7)
     with pytest.raises(InvalidInputError, match="prior"):
         normx.explain_generation(model, tok, PROMPT, method="budgeted", target=response, prior="attention")
+
+
+def test_coarse_groups_follow_the_sources_tokens():
+    sources = [list(range(5 * i, 5 * i + 5)) for i in range(7)]
+    assert budgeted.coarse(sources, 7) == [[i] for i in range(7)]
+    assert budgeted.coarse(sources, 3) == [[0, 1], [2, 3, 4], [5, 6]]
+    uneven = [[0], list(range(1, 40)), [40], [41], [42]]
+    assert budgeted.coarse(uneven, 2) == [[0, 1], [2, 3, 4]]  # the long source ends the first half
+    assert all(g for g in budgeted.coarse(uneven, 5))
+
+
+def test_sources_the_masks_cannot_tell_apart_are_removed_in_groups(llama):
+    """No prior (no weights) and a budget that buys fewer masks than sources: adjacent sources go in groups that the
+    masks tell apart, each group's weight spread over its tokens; coarse='none' keeps every source alone."""
+    model, tok = llama
+    given = [(1 + 4 * i, 5 + 4 * i) for i in range(12)]
+    g = normx.explain_generation(model, tok, PROMPT, method="budgeted", max_new_tokens=2, budget=3, sources=given)
+    settings = g.settings
+    groups, spans = settings["groups"], settings["source_spans"]
+    assert len(spans) == 12 and sorted(j for group in groups for j in group) == list(range(12))
+    assert settings["masks"] > len(groups) and settings["prior"] == "none"
+    design = np.array(settings["design"], bool)
+    assert design.shape[1] == len(groups)
+    merged = [[i for j in group for i in range(*spans[j])] for group in groups]
+    weights = budgeted.fit(design, np.array(settings["outcomes"]))
+    for group, weight in zip(groups, weights):
+        got = sum(float(np.nansum(g.scores[0][:, a:b])) for a, b in (spans[j] for j in group))
+        assert abs(got - weight) <= 1e-4 * max(1.0, abs(weight))
+    by_hand = _by_hand(model, list(g.token_ids), g.prompt_length, merged, design[-1]).sum()  # a group removed whole
+    assert abs(settings["outcomes"][-1] - by_hand) <= 1e-4
+    alone = normx.explain_generation(model, tok, PROMPT, method="budgeted", target=list(g.token_ids[g.prompt_length:]),
+                                     budget=3, coarse="none", sources=given)
+    assert "groups" not in alone.settings and np.array(alone.settings["design"]).shape[1] == 12

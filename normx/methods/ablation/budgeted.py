@@ -11,11 +11,13 @@ the tokens it runs (its kept tokens from its first removed source on, and the re
 budgets: ``"fast"`` (:data:`BUDGETS`), ``"balanced"`` (the default), ``"faithful"``. Where the model's cache cannot be
 cut (:func:`normx.methods.ablation.prefix.verified`), the masks run whole and cost their kept tokens.
 
-A prior where the masks alone cannot tell the sources apart (``prior="auto"``: ``calibrated_attention``'s scores
-where the model has calibrated weights, stored or shipped, and the budget buys no more masks than there are sources;
-``"calibrated_attention"``: always; ``"none"``): its one-pass reading is run first and its cost taken from the budget;
-the surrogate then shrinks towards the prior, scaled by the masks (:func:`fit`), so a source no mask varied still
-gets the prior's share, and a budget that buys no masks after it (``"fast"``) returns the prior's scores.
+Where the masks cannot tell every source apart (the budget buys no more masks than there are sources): without a
+prior, adjacent sources are removed in groups, as many groups as the masks tell apart (``coarse="auto"``,
+:func:`coarse`; a group's weight spread over its tokens). A prior (``prior="auto"``: ``calibrated_attention``'s
+scores, where the model has calibrated weights, stored or shipped, and the budget buys no mask after them, as
+``"fast"``; ``"calibrated_attention"``: always; ``"none"``): its one-pass reading is run first and its cost taken
+from the budget; the surrogate then shrinks towards the prior, scaled by the masks (:func:`fit`), so a source no mask
+varied still gets the prior's share, and a budget that buys no masks after it returns the prior's scores.
 
 Sources, by default (``sources="auto"``): the prompt before its closing question (the short lines at its end), split
 into paragraphs when it has passages, else into sentences (:func:`normx.methods.ablation.sources.auto_split`).
@@ -24,6 +26,7 @@ into paragraphs when it has passages, else into sentences (:func:`normx.methods.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from itertools import pairwise
 
 import numpy as np
 
@@ -212,22 +215,61 @@ def fit(masks: np.ndarray, log_p: np.ndarray, prior: np.ndarray | None = None,
     return weights
 
 
-def _prior(ctx: ResponseContext, sources: list[list[int]], costs: Costs, per_pass: int) -> tuple[str, float]:
-    """The prior this call reads (``"calibrated_attention"`` or ``"none"``) and its cost in forward passes. ``auto``:
-    the calibrated reading where the model has weights for it and the budget alone buys no more masks than there are
-    sources (a surrogate of more sources than outcomes is undetermined; where the masks determine it, the prior's
-    cost buys masks that do better: docs/context.md)."""
+def coarse(sources: list[list[int]], count: int) -> list[list[int]]:
+    """``count`` groups of adjacent sources (the indices of the sources in each), each about an equal share of the
+    sources' tokens (``count`` at most the sources)."""
+    ends = np.cumsum([len(members) for members in sources])
+    bounds = [0]
+    for k in range(1, count):  # each cut nearest its share, leaving a source for every group after it
+        low, high = bounds[-1] + 1, len(sources) - (count - k)
+        target = ends[-1] * k / count
+        bounds.append(min(range(low, high + 1), key=lambda i: (abs(ends[i - 1] - target), i)))
+    bounds.append(len(sources))
+    return [list(range(a, b)) for a, b in pairwise(bounds)]
+
+
+def _grouped(ctx: ResponseContext, sources: list[list[int]], costs: Costs, per_pass: int,
+             bought: int) -> list[list[int]] | None:
+    """The most groups of adjacent sources (:func:`coarse`) that the masks the budget buys tell apart (more masks
+    than groups; found by bisection), where it buys no more masks than there are sources (``bought``) and the
+    ``coarse`` option allows it; else None."""
+    if ctx.options["coarse"] == "none" or bought > len(sources) or len(sources) < 3:
+        return None
+    budget, seed = budget_value(ctx.options["budget"]), ctx.options["seed"]
+
+    def told_apart(count: int) -> bool:
+        merged = [[i for j in group for i in sources[j]] for group in coarse(sources, count)]
+        return len(plan_masks(merged, ctx.prompt_length, ctx.steps, budget, seed, True, costs, per_pass)) > count
+
+    low, high = 2, len(sources) - 1  # (two groups: the least a surrogate can split)
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if told_apart(middle) else (low, middle - 1)
+    return coarse(sources, low)
+
+
+def _prior(ctx: ResponseContext, sources: list[list[int]], costs: Costs, per_pass: int) -> tuple[str, float, bool]:
+    """The prior this call reads (``"calibrated_attention"`` or ``"none"``), its cost in forward passes, and whether
+    the budget buys masks after it. ``auto``: the calibrated reading where the model has weights for it and the
+    budget buys no mask after it (the ``"fast"`` budget): there its scores beat the few masks the budget buys alone;
+    where it buys masks after the prior, the masks (over groups of sources where they cannot tell every source
+    apart) did better than the prior with fewer masks (docs/context.md)."""
     from normx.methods.calibrated import NAME
     from normx.methods.calibrated import weights as stored
     from normx.methods.registry import get_method
 
     choice = ctx.options["prior"]
     if choice == "none" or (choice == "auto" and not stored.available(ctx.model)):
-        return "none", 0.0
-    if choice == "auto" and len(plan_masks(sources, ctx.prompt_length, ctx.steps, budget_value(ctx.options["budget"]),
-                                           ctx.options["seed"], True, costs, per_pass)) > len(sources):
-        return "none", 0.0
-    return NAME, float(get_method(NAME).cost(len(ctx.item.ids), ctx.steps, {}))
+        return "none", 0.0, True
+    cost = float(get_method(NAME).cost(len(ctx.item.ids), ctx.steps, {}))
+    budget, n = budget_value(ctx.options["budget"]), ctx.steps
+    least = plan_masks(sources, ctx.prompt_length, n, budget, ctx.options["seed"], True, costs, per_pass,
+                       spent=cost)  # (on a cut cache: the least the masks can cost)
+    after = SPEND * budget >= cost + whole_cost(ctx.prompt_length, n, costs) + float(
+        mask_costs(sources, least, ctx.prompt_length, n, True, costs, per_pass).sum())
+    if choice == "auto" and after:
+        return "none", 0.0, True
+    return NAME, cost, after
 
 
 def _prior_scores(ctx: ResponseContext, sources: list[list[int]]) -> tuple[np.ndarray, ResponseRows]:
@@ -249,16 +291,19 @@ def budgeted(ctx: ResponseContext) -> ResponseRows:
     costs = Costs.of(ctx.model)
     n = ctx.steps
     per_pass = ctx.handle.rows_per_pass(int(ctx.options.get("internal_batch_size") or ctx.batch_size))
-    prior_name, prior_cost = _prior(ctx, sources, costs, per_pass)
+    prior_name, prior_cost, after = _prior(ctx, sources, costs, per_pass)
     settings = {"scope": "response", "source_spans": _spans(sources), "budget": budget, "prior": prior_name}
-    prior = None
-    if prior_name != "none":
+    prior, fine = None, sources
+    if prior_name == "none":  # sources the masks cannot tell apart: removed in groups of adjacent ones
+        bought = len(plan_masks(sources, ctx.prompt_length, n, budget, ctx.options["seed"], True, costs, per_pass))
+        groups = _grouped(ctx, sources, costs, per_pass, bought)
+        if groups is not None:
+            sources = [[i for j in group for i in fine[j]] for group in groups]
+            settings["groups"] = groups
+    else:
         prior, found = _prior_scores(ctx, sources)
         settings["prior_scores"] = prior.tolist()
-        least = plan_masks(sources, ctx.prompt_length, n, budget, ctx.options["seed"], True, costs, per_pass,
-                           spent=prior_cost)  # (on a cut cache: the least the masks can cost)
-        if SPEND * budget < prior_cost + whole_cost(ctx.prompt_length, n, costs) + float(
-                mask_costs(sources, least, ctx.prompt_length, n, True, costs, per_pass).sum()):
+        if not after:
             settings |= {"masks": 0, "passes": round(prior_cost, 3), "shared_prefix": False,
                          "rows": "the prior's rows: the budget buys no masks after it"}
             return ResponseRows(found.rows, found.logits, {}, settings)
@@ -275,12 +320,15 @@ def budgeted(ctx: ResponseContext) -> ResponseRows:
     settings |= {"masks": len(masks), "passes": round(spent, 3), "shared_prefix": cut,
                  "design": keeps.astype(int).tolist(), "outcomes": log_p.sum(1).tolist(),
                  "rows": "the response's surrogate weights, each split evenly over the steps and over its tokens"}
+    # (a group's weight spread evenly over its tokens, as a source's is)
     return ResponseRows(_rows(ctx, sources, per_step), logits, {"log_probability": log_p[0].tolist()}, settings)
 
 
 def _check_budget(options: dict) -> dict:
     options = _check(options)
     budget_value(options["budget"])
+    if options["coarse"] not in ("auto", "none"):
+        raise InvalidInputError(f"coarse={options['coarse']!r} is not allowed; use 'auto' or 'none'")
     if options["prior"] not in PRIORS:
         raise InvalidInputError(f"prior={options['prior']!r} is not allowed; use one of {PRIORS}")
     return options
@@ -288,17 +336,21 @@ def _check_budget(options: dict) -> dict:
 
 register_method(Method(
     "budgeted", _refuse,
-    "ContextCite within a budget: one pass with its cache kept, then as many of ContextCite's random source masks "
-    "as the budget (in forward passes) pays for, each run from its first removed source on, and a ridge surrogate "
-    "of the response's log-probability; a source's score is its weight",
+    "ContextCite within a budget: one pass with its cache kept, then as many designed source masks as the budget "
+    "(in forward passes) pays for, each run from its first removed source on, and a ridge surrogate of the "
+    "response's log-probability (towards a one-pass prior, or over groups of adjacent sources, where the masks "
+    "cannot tell the sources apart); a source's score is its weight",
     display="Budgeted ablations", response=budgeted,
     options=[SOURCES_OPTION,
              Option("budget", "balanced", f"forward passes to spend (>= 1), or {', '.join(map(repr, BUDGETS))} "
                     f"({', '.join(f'{v:g}' for v in BUDGETS.values())})"),
              Option("prior", "auto", "a one-pass reading the surrogate shrinks towards, its cost taken from the "
-                    "budget: auto (calibrated_attention where the model has calibrated weights and the budget "
-                    "alone buys no more masks than there are sources, else none), calibrated_attention, none", str,
+                    "budget: auto (calibrated_attention's scores alone where the model has calibrated weights and "
+                    "the budget buys no mask after them, else none), calibrated_attention, none", str,
                     choices=PRIORS),
+             Option("coarse", "auto", "without a prior, where the budget buys no more masks than there are "
+                    "sources: auto (remove adjacent sources in groups, as few as the masks tell apart; a group's "
+                    "score spread over its tokens), none (every source on its own)", str, choices=("auto", "none")),
              Option("seed", 0, "designs drawn from seed * 8 on", int), BATCH_OPTION],
     cost=lambda tokens, targets, options: budget_value(options["budget"]),
     **{**COMMON, "check_options": _check_budget}))
