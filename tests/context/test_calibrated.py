@@ -362,3 +362,34 @@ def test_store_never_puts_weights_before_shipped_ones_silently(folder, cache, tm
                                  method="calibrated_attention", target=[5, 6], weights=str(shipped))
     assert g.settings["weights_file"] == str(shipped)  # every result says which weights it read
     assert g.settings["weights_sha256"] == stored.read(shipped)["sha256"]
+
+
+@pytest.mark.skipif(not (SHARED / "qnli").is_dir(), reason="the shared GLUE data folder is not here")
+def test_calibrate_a_peft_adapter_folder(folder, cache, tmp_path, capsys):
+    """A LoRA adapter saved on the tiny model (a model no preset ships weights for, wrapped by PEFT): calibrated from
+    its folder, stored under the fingerprint the method reads it by (the transformers model inside the wrapper,
+    adapter included), and read back by calibrated_attention and by budgeted's prior."""
+    from peft import LoraConfig, get_peft_model
+
+    base, _ = normx.load_model(folder)
+    torch.manual_seed(5)
+    wrapped = get_peft_model(base, LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"],
+                                              task_type="CAUSAL_LM", init_lora_weights=False))
+    adapter = tmp_path / "lora"
+    wrapped.save_pretrained(adapter)
+    settings = json.loads((adapter / "adapter_config.json").read_text())
+    (adapter / "adapter_config.json").write_text(json.dumps({**settings, "base_model_name_or_path": str(folder)}))
+    argv = ["calibrate", str(adapter), "--data", str(SHARED), "--kinds", "qa", "--contexts", "3", "--length", "120",
+            "--masks", "6", "--folds", "3", "--max-new-tokens", "3", "--families", "tokens,presence", "--store"]
+    assert main(argv) == 0
+    assert "chosen:" in capsys.readouterr().out
+    model, tok = normx.load_model(str(adapter))
+    assert type(model).__name__.startswith("Peft")
+    record, _ = stored.find(model, "calibrated_attention")
+    assert record["model"]["adapter"] is not None and record["model"] == model_identity(model_handle(model).base)
+    g = normx.explain_generation(model, tok, "the film was good. a dull plot!", method="calibrated_attention",
+                                 target=[5, 6])
+    assert g.settings["weights_sha256"] == record["sha256"]
+    fast = normx.explain_generation(model, tok, "the film was good. a dull plot!", method="budgeted", target=[5, 6],
+                                    budget="fast")
+    assert fast.settings["prior"] == "calibrated_attention"

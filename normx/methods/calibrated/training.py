@@ -190,16 +190,18 @@ def fitted_record(model, instances: Sequence[Instance], candidates: Sequence[str
     """The weights record for ``model``: the families, lambda and scaling chosen by cross-validation on
     ``instances`` (:func:`~normx.methods.calibrated.fit.choose`), theta fitted on all of them."""
     from normx.models import get_adapter
+    from normx.models.modules import unwrap_model
 
     candidates = check_families(candidates)
     choice = choose(instances, candidates, lambdas, folds=folds)
     theta = centred_ridge(instances, choice.families, choice.lam, choice.scaling, choice.tying)
     theta, factor = in_nats(instances, choice.families, theta, choice.tying)
-    tables = expand(theta, choice.families, choice.tying, shape(model, get_adapter(model)), SCALAR)
-    blocks, heads = shape(model, get_adapter(model))
+    base = unwrap_model(model)  # (a PEFT model: the transformers model inside, which the method reads)
+    blocks, heads = shape(base, get_adapter(base))
+    tables = expand(theta, choice.families, choice.tying, (blocks, heads), SCALAR)
     described = {**dict(training or {}), "contexts": len(instances), "masks": len(instances[0].y),
                  "sha256": training_hash(instances), "candidates": list(candidates), "folds": folds,
                  "tying": choice.tying, "nats_factor": factor}
-    record = make_record(METHOD, model_identity(model), choice.families, tables, (blocks, heads), choice.lam,
+    record = make_record(METHOD, model_identity(base), choice.families, tables, (blocks, heads), choice.lam,
                          choice.scaling, choice.cv_lds, described)
     return record, choice

@@ -30,6 +30,7 @@ from normx.errors import InvalidInputError, ModelLoadError
 from normx.methods.calibrated.readings import FAMILIES, SCALAR
 from normx.models.gguf_cache import cache_root
 from normx.models.identity import model_identity
+from normx.models.modules import unwrap_model
 
 FORMAT = "normx-calibrated-context/1"
 FILE = "calibrated.json"  # a preset's shipped weights, beside its other files
@@ -188,8 +189,10 @@ def available(model) -> bool:
 
 
 def _identity(model) -> dict:
-    """model_identity, kept per model object while no parameter is replaced or changed in place (each tensor's
-    storage and version counter are the signature): a call pays the fingerprint once, not on every explanation."""
+    """model_identity of the transformers model (inside a PEFT wrapper: the method reads that one, and a calibration
+    stores under it), kept per model object while no parameter is replaced or changed in place (each tensor's storage
+    and version counter are the signature): a call pays the fingerprint once, not on every explanation."""
+    model = unwrap_model(model)
     signature = tuple((name, p.data_ptr(), p._version) for name, p in model.named_parameters())
     known = _IDENTITIES.get(model)
     if known is not None and known[0] == signature:
