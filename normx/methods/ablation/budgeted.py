@@ -228,6 +228,11 @@ def coarse(sources: list[list[int]], count: int) -> list[list[int]]:
     return [list(range(a, b)) for a, b in pairwise(bounds)]
 
 
+def _merged(sources: list[list[int]], groups: list[list[int]]) -> list[list[int]]:
+    """Each group's sources' tokens, as one source."""
+    return [[i for j in group for i in sources[j]] for group in groups]
+
+
 def _grouped(ctx: ResponseContext, sources: list[list[int]], costs: Costs, per_pass: int,
              bought: int) -> list[list[int]] | None:
     """The most groups of adjacent sources (:func:`coarse`) that the masks the budget buys tell apart (more masks
@@ -238,7 +243,7 @@ def _grouped(ctx: ResponseContext, sources: list[list[int]], costs: Costs, per_p
     budget, seed = budget_value(ctx.options["budget"]), ctx.options["seed"]
 
     def told_apart(count: int) -> bool:
-        merged = [[i for j in group for i in sources[j]] for group in coarse(sources, count)]
+        merged = _merged(sources, coarse(sources, count))
         return len(plan_masks(merged, ctx.prompt_length, ctx.steps, budget, seed, True, costs, per_pass)) > count
 
     low, high = 2, len(sources) - 1  # (two groups: the least a surrogate can split)
@@ -277,8 +282,7 @@ def _prior_scores(ctx: ResponseContext, sources: list[list[int]]) -> tuple[np.nd
     rows."""
     from normx.methods.calibrated import calibrated
 
-    spans = [[members[0], members[-1] + 1] for members in sources]  # (a source's tokens follow one another)
-    found = calibrated(replace(ctx, options={**ctx.options, "sources": spans, "weights": None}))
+    found = calibrated(replace(ctx, options={**ctx.options, "sources": _spans(sources), "weights": None}))
     rows = np.asarray(found.rows, np.float64)
     return np.array([rows[:, members].sum() for members in sources]), found
 
@@ -293,12 +297,12 @@ def budgeted(ctx: ResponseContext) -> ResponseRows:
     per_pass = ctx.handle.rows_per_pass(int(ctx.options.get("internal_batch_size") or ctx.batch_size))
     prior_name, prior_cost, after = _prior(ctx, sources, costs, per_pass)
     settings = {"scope": "response", "source_spans": _spans(sources), "budget": budget, "prior": prior_name}
-    prior, fine = None, sources
+    prior, planned = None, None
     if prior_name == "none":  # sources the masks cannot tell apart: removed in groups of adjacent ones
-        bought = len(plan_masks(sources, ctx.prompt_length, n, budget, ctx.options["seed"], True, costs, per_pass))
-        groups = _grouped(ctx, sources, costs, per_pass, bought)
+        planned = plan_masks(sources, ctx.prompt_length, n, budget, ctx.options["seed"], True, costs, per_pass)
+        groups = _grouped(ctx, sources, costs, per_pass, len(planned))
         if groups is not None:
-            sources = [[i for j in group for i in fine[j]] for group in groups]
+            sources, planned = _merged(sources, groups), None
             settings["groups"] = groups
     else:
         prior, found = _prior_scores(ctx, sources)
@@ -309,8 +313,8 @@ def budgeted(ctx: ResponseContext) -> ResponseRows:
             return ResponseRows(found.rows, found.logits, {}, settings)
     whole = shared.Prefix(ctx)
     cut = shared.verified(ctx, whole, shared.tolerance(whole))
-    masks = plan_masks(sources, ctx.prompt_length, n, budget, ctx.options["seed"], cut, costs, per_pass,
-                       spent=prior_cost)
+    masks = planned if cut and planned is not None else plan_masks(  # (planned already for a cut cache)
+        sources, ctx.prompt_length, n, budget, ctx.options["seed"], cut, costs, per_pass, spent=prior_cost)
     keeps = np.vstack([np.ones((1, len(sources)), bool), masks])
     log_p, _, logits = outcomes(ctx, sources, keeps, "budgeted", shared_prefix=whole if cut else False)
     weights = fit(keeps, log_p.sum(1), prior)  # the whole pass's outcome too: a mask that keeps every source
@@ -327,10 +331,6 @@ def budgeted(ctx: ResponseContext) -> ResponseRows:
 def _check_budget(options: dict) -> dict:
     options = _check(options)
     budget_value(options["budget"])
-    if options["coarse"] not in ("auto", "none"):
-        raise InvalidInputError(f"coarse={options['coarse']!r} is not allowed; use 'auto' or 'none'")
-    if options["prior"] not in PRIORS:
-        raise InvalidInputError(f"prior={options['prior']!r} is not allowed; use one of {PRIORS}")
     return options
 
 
