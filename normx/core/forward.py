@@ -38,6 +38,7 @@ class Pass:
     mask_token_id: int | None = None  # masked-LM heads: the prediction is read at this token
     reads: tuple[int, ...] = ()  # more layers to capture
     _normed: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)  # decoders: norm(x^L)
+    _every: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)  # every_head's runs, by layer
 
     def run(self) -> Pass:
         model, adapter = self.model, self.adapter
@@ -73,9 +74,33 @@ class Pass:
         b, t, h = hidden.shape
         return self.adapter.head(self.model, hidden.reshape(b * t, h), columns).reshape(b, t, -1)
 
-    def pooled_logits(self) -> torch.Tensor:
-        """The model's prediction logits [B, C] (all classes, or the whole vocabulary), from the last layer."""
-        return self.pooled_head(self.head_input(max(self.hidden)))
+    def every_head(self, layer: int) -> torch.Tensor:
+        """The head on every position of x^l at all its columns [B, T, C], run once per layer and kept: for heads
+        of a few columns (classifiers, regression), which the head-on-top methods read whole; a vocabulary head is
+        run at the columns a method needs instead (:meth:`head`)."""
+        if self.adapter.kind.vocabulary:
+            raise ValueError("every_head runs a head at all its columns on every position: not a vocabulary head's")
+        if layer not in self._every:
+            self._every[layer] = self.head(self.head_input(layer))
+        return self._every[layer]
+
+    def pooled_logits(self, every: bool = False) -> torch.Tensor:
+        """The model's prediction logits [B, C] (all classes, or the whole vocabulary), from the last layer.
+        ``every``: read off :meth:`every_head` (run now if it was not: the caller's method reads it too) where the
+        head pools one position; the same head on the same representation as run at the pooled position alone."""
+        layer = max(self.hidden)
+        if every and self.positional and not self.adapter.kind.vocabulary:
+            return self.pooled_rows(self.every_head(layer))
+        return self.pooled_head(self.head_input(layer))
+
+    @property
+    def positional(self) -> bool:
+        """The head's prediction is its output at one position (not a mean over the tokens)."""
+        return self.adapter.pooling not in ("mean", "late")
+
+    def pooled_rows(self, every: torch.Tensor) -> torch.Tensor:
+        """Each row's values at its pooled position: [B, T, ...] -> [B, ...]."""
+        return every[torch.arange(every.shape[0], device=every.device), self.pooled]
 
     def pooled_head(self, hidden: torch.Tensor, columns: torch.Tensor | None = None) -> torch.Tensor:
         """The head on what it reads for the prediction (the pooled position, or the mean: ``Adapter.pool``) of

@@ -96,7 +96,7 @@ class ByteTable:
             return None
         begun = np.zeros(len(data) + 1, np.int64)  # characters begun in data[:k]
         np.cumsum((np.frombuffer(data, np.uint8) & 0xC0) != 0x80, out=begun[1:])
-        return text, begun[np.cumsum(self.lengths[ids])].tolist()
+        return text, begun[np.cumsum(self.lengths[np.fromiter(ids, np.int64, len(ids))])].tolist()  # (a list index: 3x)
 
 
 def byte_table(tokenizer) -> ByteTable | None:

@@ -204,7 +204,8 @@ def attribute_batch(plan: Plan, inputs: dict[str, torch.Tensor], columns: torch.
             logits, columns = ctx.logits, ctx.columns
         else:
             run.run()
-            logits = None if given is not None and not prediction else run.pooled_logits().float()
+            skip = given is not None and not prediction
+            logits = None if skip else run.pooled_logits(every=plan.method.reads_head).float()
             columns = select(logits)
             ctx = Context(run, plan.labels, columns, foil, options=plan.options, logits=logits)
             scores = plan.method.compute(ctx).float()

@@ -273,7 +273,7 @@ def _encoded(tokenizer, ids: list[int]) -> Encoded:
     bounds[1 + lead:] = ends
     np.maximum.accumulate(np.clip(bounds, 0, len(text), out=bounds), out=bounds)  # spans in order
     bounds = bounds.tolist()
-    special = np.isin(np.asarray(ids), special_ids)
+    special = np.isin(np.fromiter(ids, np.int64, len(ids)), special_ids)  # (np.asarray of a list: 3x as long)
     return Encoded(text=text, text_pair=None, ids=list(ids), tokens=tokens, offsets=list(pairwise(bounds)),
                    segments=[0] * len(ids), special=special.tolist())
 

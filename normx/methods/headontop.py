@@ -15,13 +15,14 @@ from normx.methods.registry import Context, Method, register_method
 def logat_at(ctx: Context, layer: int) -> torch.Tensor:
     """LogAt scores [B, K, T] at one captured layer for the context's target columns (minus its foil)."""
     run = ctx.run
-    hidden = run.head_input(layer)
     if ctx.labels.regression:
-        out = run.head(hidden).float()  # [B, T, 1]
-        pooled = run.pooled_head(hidden).float()  # HoT(CLS) (or of the mean) at the same layer
+        out = run.every_head(layer).float()  # [B, T, 1]
+        # HoT(CLS) (or of the mean) at the same layer
+        pooled = (run.pooled_rows(out) if run.positional else run.pooled_head(run.head_input(layer))).float()
         return (out - pooled[:, None, :]).abs().permute(0, 2, 1)
     wanted = ctx.labels.head_columns(ctx.columns, ctx.foil)
-    out = run.head(hidden, wanted.vocab).float()  # [B, T, C], or [B, T, U] at the needed vocabulary columns only
+    # [B, T, C], or [B, T, U] at the needed vocabulary columns only
+    out = (run.head(run.head_input(layer), wanted.vocab) if ctx.labels.is_vocabulary else run.every_head(layer)).float()
     scores = torch.gather(out, 2, wanted.targets[:, None, :].expand(-1, out.shape[1], -1))  # [B, T, K]
     if wanted.foil is not None:
         scores = scores - torch.gather(out, 2, wanted.foil[:, None, None].expand(-1, out.shape[1], 1))
@@ -44,12 +45,12 @@ def _l2norm(ctx: Context) -> torch.Tensor:
 register_method(Method(
     "normxlogit", _normxlogit,
     "NormXLogit: ||x_i^0|| x LogAt(x_i^l); the input norm times the head's logit for the label on each token",
-    display="NormXLogit", regression_distance=True, per_position=True))
+    display="NormXLogit", regression_distance=True, per_position=True, reads_head=True))
 register_method(Method(
     "logat", logat,
     "LogAt: the head-on-top run on each token's layer-l representation, read at the label (|difference from "
     "the pooled token| for regression)",
-    display="LogAt", regression_distance=True, foil_curve=True, per_position=True))
+    display="LogAt", regression_distance=True, foil_curve=True, per_position=True, reads_head=True))
 register_method(Method(
     "l2norm", _l2norm,
     "l2 norm of each token's representation (default layer 0, the input embedding); label-independent",

@@ -136,6 +136,9 @@ class Method:
     # its score at position i reads only position i's representations in the pass that makes the prediction (the
     # head-on-top methods): in a causal LM one pass over a prompt and its continuation holds every generation step
     per_position: bool = False
+    # its scores read the head at all its columns on every position (the head-on-top methods, Pass.every_head): on a
+    # head of a few columns the prediction is read off that same run, not a second run at the pooled position
+    reads_head: bool = False
     # label-independent methods whose score for the prediction at query position q is row q of a per-query map that
     # one forward pass holds (decoder attention maps): query_rows(ctx, queries [B, Q]) -> [B, Q, layers, T] runs that
     # pass itself on ctx.run (located only; its captured layers are there after) and returns the rows at each

@@ -280,3 +280,27 @@ def test_explain_with_a_hook_that_never_fires(monkeypatch):
     with pytest.raises(HookNotFiredError, match=r"Linear"):
         Pass(broken, adapter, inputs, [1]).run()
     assert_no_hooks(broken)
+
+
+@pytest.mark.parametrize("name", ["BertForSequenceClassification", "LlamaForSequenceClassification"])
+def test_the_head_on_top_methods_run_a_classifier_head_once(name):
+    """NormXLogit reads the head at every position; the prediction is read off that run (one head call, not a second
+    at the pooled position), and it is still the model's own prediction."""
+    model, tokenizer = tiny.build(name)
+    text = " ".join(tiny.CORPUS[:2])
+    head = model.classifier if hasattr(model, "classifier") else model.score
+    normx.explain(model, tokenizer, text)  # (the first call on a model checks its adapter: head calls of its own)
+    calls = []
+    handle = head.register_forward_hook(lambda *_: calls.append(1))
+    try:
+        got = normx.explain(model, tokenizer, text, method="normxlogit")
+        assert len(calls) == 1
+        calls.clear()
+        normx.explain(model, tokenizer, text, method="l2norm")
+        assert len(calls) == 1  # a method that does not read the head: the prediction's own run
+    finally:
+        handle.remove()
+    with torch.no_grad():
+        logits = model(**tokenizer(text, return_tensors="pt")).logits[0]
+    want = logits.softmax(-1).tolist()
+    assert list(got.probabilities.values()) == pytest.approx(want, abs=1e-5)
