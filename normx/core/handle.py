@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from normx.core.concurrency import ModelLock, model_lock, using
 from normx.core.verify import takes_padding, verified_adapter
-from normx.models import Adapter, unwrap_model
+from normx.models import Adapter, first_parameter, unwrap_model
 
 if TYPE_CHECKING:
     import torch
@@ -43,7 +43,7 @@ class ModelHandle:
     @property
     def device(self) -> torch.device:
         """Where the inputs go: the device of the model's first parameter (its embeddings under a device map)."""
-        return next(self.base.parameters()).device
+        return first_parameter(self.base).device
 
     @property
     def max_positions(self) -> int | None:

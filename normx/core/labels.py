@@ -44,9 +44,11 @@ class LabelSpace:
         self.kind = kind = HeadKind(kind)
         self.config = config
         self.tokenizer = tokenizer
-        self.regression = kind is HeadKind.SEQUENCE_CLASSIFICATION and is_regression(config)
+        problem = getattr(config, "problem_type", None)  # (a config's attributes are slow to read: once each)
+        self.multi_label = problem == "multi_label_classification"
+        n = int(config.num_labels) if kind is HeadKind.SEQUENCE_CLASSIFICATION else 0
+        self.regression = kind is HeadKind.SEQUENCE_CLASSIFICATION and (problem == "regression" or n == 1)
         if kind is HeadKind.SEQUENCE_CLASSIFICATION:
-            n = int(config.num_labels)
             if self.regression and n != 1:
                 raise UnsupportedModelError(
                     f"this model does regression with {n} outputs (problem_type='regression', num_labels={n}); "
@@ -91,8 +93,7 @@ class LabelSpace:
             values = logits[:, 0].tolist()
             return Read(values, [{} for _ in values], [0] * len(values), [[] for _ in values])
         if not self.is_vocabulary:
-            multi_label = getattr(self.config, "problem_type", None) == "multi_label_classification"
-            probs = (logits.sigmoid() if multi_label else logits.softmax(-1)).tolist()
+            probs = (logits.sigmoid() if self.multi_label else logits.softmax(-1)).tolist()
             best = logits.argmax(-1).tolist()
             return Read([self.names[b] for b in best],
                         [{self.names[i]: float(v) for i, v in enumerate(row)} for row in probs], best,

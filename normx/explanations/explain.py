@@ -17,7 +17,7 @@ from normx.core.labels import LabelSpace
 from normx.errors import InvalidInputError, LayerOutOfRangeError, PairNotSupportedError, PairRequiredError
 from normx.explanations.result import Explanation, Explanations
 from normx.methods import Context, Method, get_method
-from normx.models import Adapter, HeadKind
+from normx.models import Adapter, HeadKind, first_parameter
 
 EMBEDDINGS = ("layer", "word")
 
@@ -173,8 +173,9 @@ def prepare(model, tokenizer, method: str = "normxlogit", target=None, layer=Non
                                 f"scores; leave layer unset (got layer={layer!r})")
     else:
         layers = [0]
-    return Plan(handle, chosen, options, labels, target_columns, foil_column, layers, embedding,
-                tokenizer.mask_token_id, tuple(chosen.capture(layers, num_layers, options)))
+    mask_token_id = tokenizer.mask_token_id if adapter.kind is HeadKind.MASKED_LM else None  # (read where used)
+    return Plan(handle, chosen, options, labels, target_columns, foil_column, layers, embedding, mask_token_id,
+                tuple(chosen.capture(layers, num_layers, options)))
 
 
 def attribute_batch(plan: Plan, inputs: dict[str, torch.Tensor], columns: torch.Tensor | None = None,
@@ -243,7 +244,7 @@ def parse_layers(layer, num_layers: int, default: str) -> list[int]:
 def model_settings(handle: ModelHandle) -> dict:
     """What a result records of the model: its class, whether PEFT wraps it, its dtype and device."""
     base = handle.base
-    param = next(base.parameters(), None)
+    param = first_parameter(base)
     return {"model_class": handle.name, "peft": base is not handle.model,
             "dtype": None if param is None else str(param.dtype).replace("torch.", ""),
             "device": None if param is None else str(param.device)}

@@ -8,7 +8,7 @@ nothing of normx's other layers. Model-family module paths live here and nowhere
 
 from normx.models.adapter import Adapter, HeadKind
 from normx.models.merging import merge_adapters
-from normx.models.modules import active_module, linear_columns, unwrap_model
+from normx.models.modules import active_module, first_parameter, linear_columns, unwrap_model
 from normx.models.registry import (
     encoder_blocks,
     encoder_classes,
@@ -20,5 +20,5 @@ from normx.models.registry import (
 )
 
 __all__ = ["Adapter", "HeadKind", "active_module", "encoder_blocks", "encoder_classes", "encoder_reason",
-           "get_adapter", "linear_columns", "merge_adapters",
+           "first_parameter", "get_adapter", "linear_columns", "merge_adapters",
            "register_adapter", "registered_adapters", "supported_models", "unwrap_model"]

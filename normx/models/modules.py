@@ -14,7 +14,8 @@ ModuleRef = "str | Callable[[nn.Module], nn.Module]"
 
 def unwrap_model(model: nn.Module) -> nn.Module:
     """The transformers model inside a PEFT wrapper (LoRA layers stay injected), or the model itself."""
-    if hasattr(model, "peft_config") and hasattr(model, "get_base_model"):
+    # (the class is asked first: a module's missing attribute costs an exception in nn.Module.__getattr__)
+    if hasattr(type(model), "get_base_model") and hasattr(model, "peft_config"):
         return model.get_base_model()
     return model
 
@@ -24,8 +25,23 @@ def resolve(model: nn.Module, ref: ModuleRef) -> nn.Module:
         return ref(model)
     obj = model
     for part in ref.split("."):
-        obj = getattr(obj, part)
+        children = getattr(obj, "__dict__", {}).get("_modules")  # a submodule directly, not through __getattr__
+        direct = children is not None and part in children and not hasattr(type(obj), part)
+        obj = children[part] if direct else getattr(obj, part)
     return obj
+
+
+def first_parameter(model: nn.Module):
+    """``next(model.parameters(), None)`` without building every module's name: the first module in that order
+    (depth first, a module before its children) with a parameter gives it."""
+    stack = [model]
+    while stack:
+        module = stack.pop()
+        for param in module.__dict__["_parameters"].values():
+            if param is not None:
+                return param
+        stack.extend(reversed([child for child in module.__dict__["_modules"].values() if child is not None]))
+    return None
 
 
 def active_module(module: nn.Module) -> nn.Module:

@@ -304,3 +304,27 @@ def test_the_head_on_top_methods_run_a_classifier_head_once(name):
         logits = model(**tokenizer(text, return_tensors="pt")).logits[0]
     want = logits.softmax(-1).tolist()
     assert list(got.probabilities.values()) == pytest.approx(want, abs=1e-5)
+
+
+def test_first_parameter_and_resolve_read_what_torch_reads():
+    """The host-side shortcuts (no module names built, no __getattr__) give what torch's own calls give."""
+    from normx.models import first_parameter
+    from normx.models.modules import resolve
+
+    for case in ("BertForSequenceClassification", "LlamaForCausalLM", "GPT2ForSequenceClassification"):
+        model, _ = tiny.build(case)
+        assert first_parameter(model) is next(model.parameters())
+    empty = torch.nn.Sequential(torch.nn.ReLU(), torch.nn.Sequential(torch.nn.Identity(), torch.nn.Linear(2, 2)))
+    assert first_parameter(empty) is empty[1][1].weight
+    assert first_parameter(torch.nn.ReLU()) is None
+    model, _ = tiny.build("BertForSequenceClassification")
+    assert resolve(model, "bert.encoder.layer") is model.bert.encoder.layer
+
+    class Shadowed(torch.nn.Module):  # a class attribute of a child's name wins, as getattr has it
+        def __init__(self):
+            super().__init__()
+            self._modules["inner"] = torch.nn.Linear(2, 2)  # (add_module refuses the name)
+
+        inner = property(lambda self: "the property")
+
+    assert resolve(Shadowed(), "inner") == "the property"
