@@ -120,7 +120,7 @@ def test_budgeted_scores_are_the_surrogate_of_its_masks(llama):
     assert len(masks) == settings["masks"]
     keeps = np.vstack([np.ones((1, len(sources)), bool), masks])  # the whole pass is a mask that keeps them all
     by_hand = np.array([_by_hand(model, list(g.token_ids), g.prompt_length, sources, m).sum() for m in keeps])
-    want = budgeted.fit(keeps, by_hand)
+    want = budgeted.surrogate(keeps, by_hand)
     got = np.array([np.nansum(g.scores[0][:, a:b]) for a, b in spans])
     np.testing.assert_allclose(got, want, atol=1e-4)
     again = normx.explain_generation(model, tok, PROMPT, method="budgeted", max_new_tokens=3, budget=4)
@@ -189,6 +189,19 @@ def test_fit_towards_a_prior_closed_form():
     assert abs(pulled[0] - 2.0) < abs(off[0] - 2.0) and pulled[3] != 0.0
 
 
+def test_surrogate_is_linear_in_the_log_of_the_loss():
+    """Outcomes whose negative log-likelihood each source multiplies (log NLL additive in the sources) give the
+    sources' log factors back, in nats at the whole context (times its NLL), and a whole context's weight equals the
+    slope of log p there; a response the model is sure of (log p = 0) does not break the log."""
+    rng = np.random.default_rng(5)
+    effect = np.array([0.7, -0.2, 0.0, 0.4])
+    masks = np.vstack([np.ones((1, 4), bool), rng.random((11, 4)) < 0.5])
+    nll = 3.0 * np.exp(-(masks @ effect))
+    got = budgeted.surrogate(masks, -nll)
+    np.testing.assert_allclose(got, nll[0] * effect, rtol=1e-2, atol=1e-3 * nll[0])  # (the fit's small ridge)
+    assert np.isfinite(budgeted.surrogate(masks, np.where(masks[:, 0], 0.0, -1.0))).all()
+
+
 def test_prior_from_calibrated_weights(llama, tmp_path, monkeypatch):
     """prior="calibrated_attention": its per-source scores are the prior, its cost comes out of the budget, the
     scores are the fit towards it on the masks the result lists; "auto" reads it only where the budget buys no mask
@@ -212,7 +225,7 @@ def test_prior_from_calibrated_weights(llama, tmp_path, monkeypatch):
     np.testing.assert_allclose(settings["outcomes"][-1], _by_hand(model, list(g.token_ids), g.prompt_length, sources,
                                                                   design[-1]).sum(), atol=1e-4)
     got = [float(np.nansum(g.scores[0][:, a:b])) for a, b in spans]
-    np.testing.assert_allclose(got, budgeted.fit(design, np.array(settings["outcomes"]), np.array(prior)),
+    np.testing.assert_allclose(got, budgeted.surrogate(design, np.array(settings["outcomes"]), np.array(prior)),
                                rtol=1e-4, atol=1e-6)
     plain = normx.explain_generation(model, tok, PROMPT, method="budgeted", target=response, budget=8)
     assert plain.settings["prior"] == "none"  # auto: 8 passes buy masks after the prior, and masks do better
@@ -248,7 +261,7 @@ def test_sources_the_masks_cannot_tell_apart_are_removed_in_groups(llama):
     design = np.array(settings["design"], bool)
     assert design.shape[1] == len(groups)
     merged = [[i for j in group for i in range(*spans[j])] for group in groups]
-    weights = budgeted.fit(design, np.array(settings["outcomes"]))
+    weights = budgeted.surrogate(design, np.array(settings["outcomes"]))
     for group, weight in zip(groups, weights):
         got = sum(float(np.nansum(g.scores[0][:, a:b])) for a, b in (spans[j] for j in group))
         assert abs(got - weight) <= 1e-4 * max(1.0, abs(weight))

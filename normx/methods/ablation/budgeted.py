@@ -3,8 +3,8 @@
 One pass over the whole sequence, its key-value cache kept; then designed source masks (two-level designs,
 :mod:`normx.methods.ablation.designs`: :func:`plan_masks`), each run only from its first removed source on
 (:mod:`normx.methods.ablation.prefix`: a mask that keeps the first sources costs only the rest), as many as the
-budget pays for; and a linear surrogate of the response's log-probability fitted on them (:func:`fit`). A source's
-score is its weight.
+budget pays for; and a linear surrogate of the response's log-probability fitted on them (:func:`surrogate`: on the
+log of its negative log-likelihood, weights in nats). A source's score is its weight.
 
 The budget counts the model's work in forward passes over the prompt and the response: the whole pass is one, a mask
 the tokens it runs (its kept tokens from its first removed source on, and the response) over the sequence's. Named
@@ -56,6 +56,7 @@ MAX_MASKS = 4096  # a budget past what the masks can use: ContextCite's estimato
 RIDGE = 0.01  # the surrogate's ridge penalty on the centred masks (chosen on training contexts: docs/context.md)
 PRIOR_RIDGE = 1.0  # with a prior: the penalty on the weights' departure from the scaled prior (docs/context.md)
 PRIORS = ("auto", "calibrated_attention", "none")
+TINY_NLL = 1e-6  # a response the model is sure of (log p rounded to 0): its loss, for the log the surrogate fits
 
 
 def budget_option(text: str) -> float | str:
@@ -185,6 +186,19 @@ def whole_cost(prompt_length: int, steps: int, costs: Costs) -> float:
     """The whole pass (its cache kept, the head at the response's positions) in plain forward passes."""
     total = prompt_length + steps
     return (costs.tokens(np.arange(total)) + steps * costs.head) / costs.plain(total)
+
+
+def surrogate(masks: np.ndarray, log_p: np.ndarray, prior: np.ndarray | None = None,
+              strength: float = PRIOR_RIDGE) -> np.ndarray:
+    """The sources' weights from the masks' outcomes ``log_p`` (the response's log-probability under each): the
+    linear surrogate (:func:`fit`) of log(-log p), the log of the response's negative log-likelihood, on which a
+    source that multiplies the likelihood's loss adds a constant (chosen on training contexts over fitting log p
+    itself: docs/context.md). The weights are given in nats of log-probability at the whole context: times the NLL
+    there (d log p / d log NLL) of the mask that keeps every source, or without one the masks' geometric mean."""
+    nll = np.maximum(-np.asarray(log_p, np.float64), TINY_NLL)
+    whole = np.asarray(masks, bool).all(1)
+    anchor = nll[whole][0] if whole.any() else float(np.exp(np.log(nll).mean()))
+    return anchor * fit(masks, -np.log(nll), prior, strength)
 
 
 def fit(masks: np.ndarray, log_p: np.ndarray, prior: np.ndarray | None = None,
@@ -317,7 +331,7 @@ def budgeted(ctx: ResponseContext) -> ResponseRows:
         sources, ctx.prompt_length, n, budget, ctx.options["seed"], cut, costs, per_pass, spent=prior_cost)
     keeps = np.vstack([np.ones((1, len(sources)), bool), masks])
     log_p, _, logits = outcomes(ctx, sources, keeps, "budgeted", shared_prefix=whole if cut else False)
-    weights = fit(keeps, log_p.sum(1), prior)  # the whole pass's outcome too: a mask that keeps every source
+    weights = surrogate(keeps, log_p.sum(1), prior)  # the whole pass's outcome too: a mask that keeps every source
     per_step = np.repeat(weights[:, None] / n, n, axis=1)
     spent = (prior_cost + whole_cost(ctx.prompt_length, n, costs)
              + float(mask_costs(sources, masks, ctx.prompt_length, n, cut, costs, per_pass).sum()))
