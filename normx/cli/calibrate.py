@@ -11,6 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from normx.bulk import processes
 from normx.cli.options import add_model_flags, load
 from normx.errors import InvalidInputError
 
@@ -91,6 +92,39 @@ def check(args) -> tuple[list[str], list[str]]:
     return kinds, families
 
 
+def _collected(args, model, tokenizer, examples, families, keep: Path | None):
+    """Every context's instance (its features and the outcomes of its masks), collected by this process alone or,
+    under ``torchrun`` / ``accelerate launch``, by each process for the contexts ``i % world == rank``, kept in the
+    shared ``keep`` folder and read back whole by rank 0 (the others get None). Resumable: kept contexts are read,
+    not run again."""
+    from normx.methods.calibrated import training
+
+    rank, world = processes.rank_and_world()
+    if world > 1:
+        if keep is None:
+            raise InvalidInputError("under torchrun / accelerate launch give --keep DIR, a folder every process "
+                                    "reads: the processes share their contexts' ablations through it")
+        print(f"normx calibrate: rank {rank} of {world}", file=sys.stderr)
+    ids = [e.id for e in examples]
+    kept = set() if keep is None else {inst.id for inst in training.kept_instances(
+        keep, ids, masks=args.masks, seed=args.seed, families=families)}
+    mine = [i for i in range(len(examples)) if i % world == rank]
+    contexts = training_contexts(model, tokenizer, [examples[i] for i in mine], args.max_new_tokens, kept)
+    instances = training.instances_for(model, tokenizer, contexts, masks=args.masks, seed=args.seed,
+                                       families=families, keep=keep, indices=mine, progress=rank == 0)
+    if world == 1:
+        return instances
+    processes.barrier()  # every share kept
+    if rank != 0:
+        return None
+    instances = training.kept_instances(keep, ids, masks=args.masks, seed=args.seed, families=families)
+    if [inst.id for inst in instances] != ids:
+        missing = sorted(set(ids) - {inst.id for inst in instances})
+        raise RuntimeError(f"normx calibrate: {len(missing)} context(s) missing from {keep} after every process "
+                           f"finished: {missing[:5]}")
+    return instances
+
+
 def run(args) -> int:
     from normx.data.contexts import context_examples
     from normx.methods.calibrated import training
@@ -107,11 +141,14 @@ def run(args) -> int:
                 "later run on this model: write them with --out FILE and use them by name (weights=FILE), or add "
                 "--replace-shipped to store them anyway")
     keep = Path(args.keep) if args.keep else None
-    kept = set() if keep is None else {inst.id for inst in training.kept_instances(
-        keep, [e.id for e in examples], masks=args.masks, seed=args.seed, families=families)}
-    contexts = training_contexts(model, tokenizer, examples, args.max_new_tokens, kept)
-    instances = training.instances_for(model, tokenizer, contexts, masks=args.masks, seed=args.seed,
-                                       families=families, keep=keep)
+    created = processes.join(model)  # under torchrun / accelerate launch: each process collects a share
+    try:
+        instances = _collected(args, model, tokenizer, examples, families, keep)
+    finally:
+        if created:
+            processes.leave()
+    if instances is None:
+        return 0  # another process fits
     described = {"data": "normx.data.contexts", "split": "train", "kinds": kinds, "length": args.length,
                  "seed": args.seed, "max_new_tokens": args.max_new_tokens,
                  "ids": [inst.id for inst in instances]}

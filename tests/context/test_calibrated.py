@@ -249,6 +249,37 @@ def test_calibrate_command_end_to_end(folder, cache, tmp_path, capsys):
     assert "nope" in capsys.readouterr().err
 
 
+@pytest.mark.skipif(not (SHARED / "qnli").is_dir(), reason="the shared GLUE data folder is not here")
+def test_calibrate_under_torchrun_collects_what_one_process_does(folder, cache, tmp_path, monkeypatch, capsys):
+    """Two torchrun processes each collect every other context's ablations into the shared --keep folder and rank 0
+    fits them all: the weights one process fits. Without --keep the processes have nowhere to share them."""
+    import os
+    import subprocess
+    import sys
+
+    args = ["calibrate", folder, "--data", str(SHARED), "--kinds", "qa", "--contexts", "3", "--length", "120",
+            "--masks", "6", "--folds", "3", "--max-new-tokens", "3", "--families", "attention,logit"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    one = subprocess.run([sys.executable, "-m", "normx.cli.main", *args, "--out", str(tmp_path / "one.json"),
+                          "--keep", str(tmp_path / "k1")], env=env, capture_output=True, text=True, timeout=600)
+    assert one.returncode == 0, one.stderr[-2000:]
+    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                          "-m", "normx.cli.main", *args, "--out", str(tmp_path / "two.json"), "--keep",
+                          str(tmp_path / "k2")], env=env, capture_output=True, text=True, timeout=600)
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert "rank 1 of 2" in two.stderr and two.stdout.count("chosen:") == 1  # rank 0 alone fits
+    assert len(list((tmp_path / "k2").glob("*.npz"))) == 3
+    single, double = stored.read(tmp_path / "one.json"), stored.read(tmp_path / "two.json")
+    assert single["families"] == double["families"] and single["training"] == double["training"]
+    for family in single["families"]:  # (float32 sums in another order: 1 thread per process under torchrun)
+        np.testing.assert_allclose(single["weights"][family], double["weights"][family], rtol=1e-4, atol=1e-6)
+    from normx.bulk import processes
+
+    monkeypatch.setattr(processes, "rank_and_world", lambda: (0, 2))
+    assert main([*args, "--out", str(tmp_path / "three.json")]) == 2
+    assert "--keep DIR" in capsys.readouterr().err
+
+
 def test_the_fingerprint_is_kept_until_a_weight_changes():
     model, _ = tiny.build("LlamaForCausalLM", fresh=True)
     first = stored._identity(model)

@@ -157,15 +157,19 @@ def kept_instances(keep: Path, ids: Sequence[str], *, masks: int = 32, seed: int
 
 def instances_for(model, tokenizer, contexts: Sequence[dict], *, masks: int = 32, seed: int = 0,
                   families: Sequence[str] = FAMILIES, batch_size: int = 8, keep: Path | None = None,
-                  progress: bool = True) -> list[Instance]:
+                  progress: bool = True, indices: Sequence[int] | None = None) -> list[Instance]:
     """One instance per context (``{"id", "ids", "prompt_length", "spans"}``; the i-th with masks drawn from
-    ``seed + i``), each kept in ``keep`` (a folder: one .npz per context, written whole) and reused by a later run
-    with the same masks: a run asking for families the kept file lacks computes only those (one pass, no masks)."""
+    ``seed + i``, i its index in ``indices`` where given: the contexts' places in a whole run shared by processes),
+    each kept in ``keep`` (a folder: one .npz per context, written whole) and reused by a later run with the same
+    masks: a run asking for families the kept file lacks computes only those (one pass, no masks)."""
     from tqdm.auto import tqdm
 
     families = check_families(families)
+    indices = range(len(contexts)) if indices is None else list(indices)
+    if len(indices) != len(contexts):
+        raise ValueError(f"{len(indices)} indices for {len(contexts)} contexts")
     found = []
-    for index, context in enumerate(tqdm(contexts, desc="calibration contexts", disable=not progress)):
+    for index, context in zip(indices, tqdm(contexts, desc="calibration contexts", disable=not progress)):
         inst = _saved(keep, context["id"], masks, seed + index)
         if inst is None:
             inst = collect(model, tokenizer, context["ids"], context["prompt_length"], context["spans"],
