@@ -10,8 +10,8 @@ transformers as normx's; ``/work/peers-venv`` here) and normx on its path, from 
 Peers (each given the exact sources, the chat-templated prompt and normx's response, each checked to explain the
 response's ids):
 
-- ``ContextCiter@32`` / ``ContextCiter@128``: context-cite's ``ContextCiter`` (its masks, forwards on re-rendered
-  text, LASSO), ``num_ablations`` 32 / 128; its partitioner is one of ours over the given sources (the package's
+- ``ContextCiter@32`` / ``@64`` / ``@128``: context-cite's ``ContextCiter`` (its masks, forwards on re-rendered
+  text, LASSO), ``num_ablations`` 32 / 64 / 128; its partitioner is one of ours over the given sources (the package's
   default asks nltk for punkt data, which is not here offline), joining kept sources as the context joins them;
   the response is given by seeding its output cache (``_cache["output"]``), as its API has no argument for it;
 - ``AT2 (average attention)``: at2's ``AT2Attributor`` with an untrained ``AT2ScoreEstimator`` (every (layer, head)
@@ -42,7 +42,8 @@ import numpy as np
 
 from studies.settings import add_data_option, data_folder, provenance, version
 
-PEERS = ("ContextCiter@32", "ContextCiter@128", "AT2 (average attention)", "AT2 (trained)", "FlashTrace")
+PEERS = ("ContextCiter@32", "ContextCiter@64", "ContextCiter@128", "AT2 (average attention)", "AT2 (trained)",
+         "FlashTrace")
 
 
 def main(argv: list[str] | None = None) -> int:
