@@ -15,6 +15,8 @@ import argparse
 import json
 from pathlib import Path
 
+from studies.context.recorded import recorded_runs
+
 GRID = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0)
 
 
@@ -31,24 +33,15 @@ def main(argv: list[str] | None = None) -> int:
     from normx.methods.ablation.budgeted import fit
 
     table: dict[str, dict[str, list[float]]] = {}
-    for file in args.records:
-        for line in file.read_text(encoding="utf-8").splitlines():
-            record = json.loads(line)
-            if not record.get("truth"):
-                continue
-            masks = metrics.lds_masks(record["sources"], len(record["truth"]), 0)
-            for spec, found in record["methods"].items():
-                if "sources=given" not in spec or not found.get("prior_scores") or not found.get("design"):
-                    continue
-                design, outcomes = np.array(found["design"], bool), np.array(found["outcomes"])
-                prior = np.array(found["prior_scores"])
-                row = table.setdefault(f"{file.name}: {spec}", {})
-                for strength in GRID:
-                    weights = fit(design, outcomes, prior, strength)
-                    row.setdefault(str(strength), []).append(metrics.lds(weights, masks, np.array(record["truth"])))
-                row.setdefault("masks only", []).append(metrics.lds(fit(design, outcomes), masks,
-                                                                    np.array(record["truth"])))
-                row.setdefault("prior only", []).append(metrics.lds(prior, masks, np.array(record["truth"])))
+    given = recorded_runs(args.records, lambda spec, found: "sources=given" in spec and bool(found.get("prior_scores")))
+    for run, found, masks, truth in given:
+        design, outcomes = np.array(found["design"], bool), np.array(found["outcomes"])
+        prior = np.array(found["prior_scores"])
+        row = table.setdefault(run, {})
+        for strength in GRID:
+            row.setdefault(str(strength), []).append(metrics.lds(fit(design, outcomes, prior, strength), masks, truth))
+        row.setdefault("masks only", []).append(metrics.lds(fit(design, outcomes), masks, truth))
+        row.setdefault("prior only", []).append(metrics.lds(prior, masks, truth))
     summary = {run: {key: {"mean": float(np.mean(v)), "contexts": len(v)} for key, v in row.items()}
                for run, row in table.items()}
     pooled: dict[str, list[float]] = {}

@@ -18,6 +18,8 @@ import argparse
 import json
 from pathlib import Path
 
+from studies.context.recorded import recorded_runs
+
 
 def transforms():
     import numpy as np
@@ -44,20 +46,12 @@ def main(argv: list[str] | None = None) -> int:
     from normx.methods.ablation.budgeted import fit
 
     table: dict[str, dict[str, list[float]]] = {}
-    for file in args.records:
-        for line in file.read_text(encoding="utf-8").splitlines():
-            record = json.loads(line)
-            if not record.get("truth"):
-                continue
-            masks = metrics.lds_masks(record["sources"], len(record["truth"]), 0)
-            truth = np.array(record["truth"])
-            for spec, found in record["methods"].items():
-                if spec != args.spec or not found.get("design") or found.get("groups"):
-                    continue
-                design, outcomes = np.array(found["design"], bool), np.array(found["outcomes"])
-                row = table.setdefault(f"{file.name}: {spec}", {})
-                for name, transform in transforms().items():
-                    row.setdefault(name, []).append(metrics.lds(fit(design, transform(outcomes)), masks, truth))
+    alone = recorded_runs(args.records, lambda spec, found: spec == args.spec and not found.get("groups"))
+    for run, found, masks, truth in alone:
+        design, outcomes = np.array(found["design"], bool), np.array(found["outcomes"])
+        row = table.setdefault(run, {})
+        for name, transform in transforms().items():
+            row.setdefault(name, []).append(metrics.lds(fit(design, transform(outcomes)), masks, truth))
     pooled: dict[str, list[float]] = {}
     for row in table.values():
         for key, values in row.items():
