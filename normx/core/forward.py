@@ -86,10 +86,11 @@ class Pass:
 
     def pooled_logits(self, every: bool = False) -> torch.Tensor:
         """The model's prediction logits [B, C] (all classes, or the whole vocabulary), from the last layer.
-        ``every``: read off :meth:`every_head` (run now if it was not: the caller's method reads it too) where the
-        head pools one position; the same head on the same representation as run at the pooled position alone."""
+        ``every``: read off :meth:`every_head` (run now if it was not: the caller's method reads it too, at the
+        layers asked for) where the head pools one position and the last layer is asked for; the same head on the
+        same representation as run at the pooled position alone."""
         layer = max(self.hidden)
-        if every and self.positional and not self.adapter.kind.vocabulary:
+        if every and layer in self.layers and self.positional and not self.adapter.kind.vocabulary:
             return self.pooled_rows(self.every_head(layer))
         return self.pooled_head(self.head_input(layer))
 
