@@ -70,7 +70,7 @@ def draw(panels: dict[str, dict[str, dict]], out: Path) -> None:
     axes = fig.subplots(rows, columns, squeeze=False).flatten()
     for ax in axes[len(panels):]:
         ax.set_visible(False)
-    ticks = [1, 1.5, 2, 3, 5, 10, 20, 30]
+    ticks = [1, 1.5, 2, 3, 5, 10, 20, 50, 100]
     for ax, (label, points) in zip(axes, panels.items()):
         placed = sorted(((found["cost"], found["lds"], name) for name, found in points.items()
                          if found["cost"] is not None and name not in FREE))
@@ -85,7 +85,7 @@ def draw(panels: dict[str, dict[str, dict]], out: Path) -> None:
                 ax.annotate(name, (0.99, found["lds"]), xycoords=("axes fraction", "data"), ha="right",
                             va="bottom", fontsize=7, color="0.4")
         ax.set_xscale("log")
-        ax.set_xlim(0.9, 40)
+        ax.set_xlim(0.9, 130)
         ax.xaxis.set_major_locator(FixedLocator(ticks))
         ax.xaxis.set_minor_locator(NullLocator())
         ax.xaxis.set_minor_formatter(NullFormatter())
