@@ -47,7 +47,7 @@ class LabelSpace:
         problem = getattr(config, "problem_type", None)  # (a config's attributes are slow to read: once each)
         self.multi_label = problem == "multi_label_classification"
         n = int(config.num_labels) if kind is HeadKind.SEQUENCE_CLASSIFICATION else 0
-        self.regression = kind is HeadKind.SEQUENCE_CLASSIFICATION and (problem == "regression" or n == 1)
+        self.regression = kind is HeadKind.SEQUENCE_CLASSIFICATION and regression_head(problem, n)
         if kind is HeadKind.SEQUENCE_CLASSIFICATION:
             if self.regression and n != 1:
                 raise UnsupportedModelError(
@@ -193,9 +193,12 @@ class LabelSpace:
 
 
 def is_regression(config) -> bool:
-    if getattr(config, "problem_type", None) == "regression":
-        return True
-    return int(getattr(config, "num_labels", 2)) == 1
+    return regression_head(getattr(config, "problem_type", None), int(getattr(config, "num_labels", 2)))
+
+
+def regression_head(problem_type: str | None, num_labels: int) -> bool:
+    """Whether a sequence classifier with this ``problem_type`` and ``num_labels`` does regression."""
+    return problem_type == "regression" or num_labels == 1
 
 
 def head_columns(columns: torch.Tensor, foil: torch.Tensor | None, vocabulary: bool) -> HeadColumns:
