@@ -24,6 +24,23 @@ def test_sentences_keep_abbreviations_and_offsets():
         assert text[a:b] == text[a:b].strip() and b > a
 
 
+def test_sentences_without_their_marks_are_cut_where_the_next_begins():
+    """Where Punkt sees no end (transcribed speech without full stops, a title, a full stop it took for an
+    abbreviation's, a full stop before a lower-case word), a sentence opener after a lower-case word, or a full stop
+    after a number or a long word, ends it; a name or title that begins with an opener does not."""
+    speech = "and uh my memories of summer have always been that stifling humidity The draft treaty was his bait."
+    assert pieces(speech, "sentences") == ["and uh my memories of summer have always been that stifling humidity",
+                                           "The draft treaty was his bait."]
+    assert pieces("It will be made by Tiffany & Co. There are 278 patents.", "sentences") == [
+        "It will be made by Tiffany & Co.", "There are 278 patents."]
+    assert pieces("It met in March 1998. and uh my daughter gets irate", "sentences") == [
+        "It met in March 1998.", "and uh my daughter gets irate"]
+    for whole in ("He watched Doctor Who and the show called The Master of Time.", "It runs on Xbox One and PC.",
+                  "A profile crowns Chris Rock The Funniest Man in America.", "They spoke, e.g. about it at 5 p.m. on "
+                  "Monday, approx. three hours."):
+        assert pieces(whole, "sentences") == [whole]
+
+
 def test_paragraphs_lines_and_words():
     text = "First para, line one.\nline two.\n \n\nSecond para.\n\n\n"
     assert pieces(text, "paragraphs") == ["First para, line one.\nline two.", "Second para."]

@@ -3,8 +3,9 @@ character spans of the text, and the tokens each covers.
 
 Sentences come from nltk's Punkt splitter, untrained (nothing is downloaded, nothing is read from disk) and given
 common English abbreviations, run on each line separately (as ContextCite's partitioner does: a line break always
-ends a sentence). Paragraphs are separated by blank lines, lines by line breaks, words by white space. Every span is
-stripped of the white space around it and never empty.
+ends a sentence), then cut where a sentence begins without the marks Punkt reads (transcribed speech without full
+stops, a title before a sentence: :func:`_unmarked`). Paragraphs are separated by blank lines, lines by line
+breaks, words by white space. Every span is stripped of the white space around it and never empty.
 
 A token belongs to the source its characters overlap most; special tokens, tokens of no characters (a BOS) and
 tokens outside the text's region (a chat template's scaffolding) belong to none.
@@ -30,6 +31,21 @@ ABBREVIATIONS = frozenset({
     "nov", "dec", "mon", "tue", "wed", "thu", "fri", "sat", "sun", "est", "ca", "c", "b", "d", "ph.d", "m.d",
 })
 _PARAGRAPH_BREAK = re.compile(r"\n[ \t\r\f\v]*\n")
+# words that open an English sentence and are written in lower case inside one: where one follows a lower-case word
+# or a digit with no punctuation between (a sentence without its full stop: transcribed speech, a title, a list
+# item) or a full stop that Punkt took for an abbreviation's ("Tiffany & Co. There are"), and is not the first word of
+# a name or title ("called The Master", "Xbox One": a capitalised word after it), a sentence starts there
+_OPENERS = ("The|A|An|It|He|She|They|We|You|This|That|These|Those|There|Here|His|Her|Its|Their|Our|My|Your|In|On|At|"
+            "For|From|With|By|As|After|Before|When|While|If|Although|Though|But|And|So|Yet|However|Many|Most|Some|"
+            "Several|Each|Both|Also|Still|Later|Today|Now|Then|Generally|Indeed|Under|Across|During|Despite|Since|"
+            "Because|Unlike|Instead|Meanwhile|Moreover|Thus|Perhaps|Even|Only|Yes|Well|Oh|What|Why|How|Where|Who|"
+            "Was|Were|Is|Are|Do|Did|Can|Could|Would|Should|Will")
+_UNMARKED = re.compile(rf"(?<=\S)\s+(?=(?:{_OPENERS})\b(?![-'’])(?!\s+[A-Z0-9]))")
+_LOWER_WORD = re.compile(r"(?<!\S)[a-z0-9][a-z0-9'’-]*$")  # a word with no capital and no punctuation after it
+# a full stop, then a lower-case word: a sentence ends there after a number or a word of four letters or more that
+# is not an abbreviation ("in March 1998. and uh my daughter"; Punkt waits for a capital)
+_LOWER_AFTER_STOP = re.compile(r"(?<=[0-9a-z][.!?])\s+(?=[a-z])")
+_WORD_BEFORE = re.compile(r"(\S+)[.!?]$")
 
 
 def _sentence_splitter():
@@ -66,10 +82,31 @@ def split_text(text: str, how: str = "sentences") -> list[tuple[int, int]]:
     out = []
     for a, b in lines:
         for s, e in splitter.span_tokenize(text[a:b]):
-            span = _stripped(text, a + s, a + e)
-            if span is not None:
-                out.append(span)
+            for start, end in _unmarked(text, a + s, a + e):
+                span = _stripped(text, start, end)
+                if span is not None:
+                    out.append(span)
     return out
+
+
+def _unmarked(text: str, start: int, end: int) -> list[tuple[int, int]]:
+    """A Punkt sentence ``text[start:end]`` cut where another begins without the marks Punkt reads
+    (:data:`_UNMARKED`, :data:`_LOWER_AFTER_STOP`): before a sentence opener after a lower-case word, a digit or a
+    full stop, and after a full stop that ends a sentence before a lower-case word."""
+    cuts = [m.start() for m in _UNMARKED.finditer(text, start, end)
+            if text[m.start() - 1] in ".!?" or _LOWER_WORD.search(text, max(start, m.start() - 40), m.start())]
+    cuts += [m.start() for m in _LOWER_AFTER_STOP.finditer(text, start, end) if _ends_sentence(text, m.start())]
+    return list(pairwise([start, *sorted(set(cuts)), end]))
+
+
+def _ends_sentence(text: str, at: int) -> bool:
+    """Whether the full stop just before ``at`` ends a sentence: it follows a number, or a word of four letters or
+    more that is no abbreviation."""
+    word = _WORD_BEFORE.search(text, max(0, at - 40), at)
+    if word is None:
+        return False
+    word = word.group(1).lower().strip("\"'([")
+    return word.isdigit() or (len(word) >= 4 and word.isalpha() and word not in ABBREVIATIONS)
 
 
 _LABEL = re.compile(r"\s*(context|documents?|passages?|sources?|text)\s*:\s*", re.IGNORECASE)
