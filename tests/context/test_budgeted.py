@@ -270,3 +270,48 @@ def test_sources_the_masks_cannot_tell_apart_are_removed_in_groups(llama):
     alone = normx.explain_generation(model, tok, PROMPT, method="budgeted", target=list(g.token_ids[g.prompt_length:]),
                                      budget=3, coarse="none", sources=given)
     assert "groups" not in alone.settings and np.array(alone.settings["design"]).shape[1] == 12
+
+
+PASSAGES = "Ox ran. Cat sat.\n\nSun set. Fog lay.\n\nIt hid. We saw.\n\nWho?"  # (the tiny model takes 64 tokens)
+
+
+def test_the_finer_stage_scores_the_sentences_of_the_passages_that_weigh_most(llama):
+    """finer="sentences": the passages' masks with half of the budget after the whole pass, then the sentences of
+    the two passages that weigh most (positive weights) with the rest; each refined passage's tokens carry its
+    sentences' surrogate weights, fitted on the sentences' masks and outcomes (computed by hand here too), every
+    other passage its own; the budget holds, and finer="none" is the method as it was."""
+    model, tok = llama
+    plain = normx.explain_generation(model, tok, PASSAGES, method="budgeted", max_new_tokens=3, budget=8)
+    same = normx.explain_generation(model, tok, PASSAGES, method="budgeted", max_new_tokens=3, budget=8,
+                                    finer="none")
+    np.testing.assert_array_equal(same.scores, plain.scores)
+    assert "refined" not in plain.settings and len(plain.settings["source_spans"]) == 3
+    g = normx.explain_generation(model, tok, PASSAGES, method="budgeted", max_new_tokens=3, budget=8,
+                                 finer="sentences")
+    settings, found = g.settings, g.settings["refined"]
+    assert settings["finer"] == "sentences"  # (the option, as every option is recorded)
+    assert settings["passes"] <= 8 and settings["masks"] < plain.settings["masks"]  # half the passages' masks
+    passages = [list(range(a, b)) for a, b in settings["source_spans"]]
+    weights = budgeted.surrogate(np.array(settings["design"], bool), np.array(settings["outcomes"]))
+    top = [j for j in np.argsort(-weights, kind="stable") if weights[j] > 0][:2]
+    assert found["sources"] == sorted(int(j) for j in top) and found["masks"] >= 2
+    units = [list(range(a, b)) for a, b in found["sentences"]]
+    assert len(units) == 2 * len(top)  # two sentences in each refined passage
+    assert all(any(set(u) <= set(passages[j]) for j in top) for u in units)
+    masks = budgeted.plan_masks(
+        units, g.prompt_length, g.steps, 8.0, 0, True, budgeted.Costs.of(model), 8,
+        spent=float(budgeted.mask_costs(passages, np.array(settings["design"], bool)[1:], g.prompt_length, g.steps,
+                                        True, budgeted.Costs.of(model), 8).sum()))
+    keeps = np.vstack([np.ones((1, len(units)), bool), masks])
+    assert len(masks) == found["masks"]
+    by_hand = np.array([_by_hand(model, list(g.token_ids), g.prompt_length, units, m).sum() for m in keeps])
+    want = budgeted.surrogate(keeps, by_hand)
+    np.testing.assert_allclose(found["sentence_weights"], want, atol=1e-4)
+    got = np.array([np.nansum(g.scores[0][:, u[0]:u[-1] + 1]) for u in units])
+    np.testing.assert_allclose(got, want, atol=1e-4)
+    rest = [j for j in range(3) if j not in top]
+    for j in rest:  # a passage not refined keeps its own weight
+        np.testing.assert_allclose(np.nansum(g.scores[0][:, passages[j][0]:passages[j][-1] + 1]), weights[j],
+                                   atol=1e-4)
+    with pytest.raises(InvalidInputError, match="finer"):
+        normx.explain_generation(model, tok, PASSAGES, method="budgeted", max_new_tokens=2, finer="words")

@@ -41,6 +41,7 @@ from normx.methods.ablation import (
     _rows,
     _spans,
     designs,
+    finer,
     prompt_sources,
 )
 from normx.methods.ablation.forwards import outcomes
@@ -248,7 +249,7 @@ def _merged(sources: list[list[int]], groups: list[list[int]]) -> list[list[int]
 
 
 def _grouped(ctx: ResponseContext, sources: list[list[int]], costs: Costs, per_pass: int,
-             bought: int) -> list[list[int]] | None:
+             bought: int, spent: float = 0.0) -> list[list[int]] | None:
     """The most groups of adjacent sources (:func:`coarse`) that the masks the budget buys tell apart (more masks
     than groups; found by bisection), where it buys no more masks than there are sources (``bought``) and the
     ``coarse`` option allows it; else None."""
@@ -258,7 +259,8 @@ def _grouped(ctx: ResponseContext, sources: list[list[int]], costs: Costs, per_p
 
     def told_apart(count: int) -> bool:
         merged = _merged(sources, coarse(sources, count))
-        return len(plan_masks(merged, ctx.prompt_length, ctx.steps, budget, seed, True, costs, per_pass)) > count
+        return len(plan_masks(merged, ctx.prompt_length, ctx.steps, budget, seed, True, costs, per_pass,
+                              spent)) > count
 
     low, high = 2, len(sources) - 1  # (two groups: the least a surrogate can split)
     while low < high:
@@ -312,9 +314,10 @@ def budgeted(ctx: ResponseContext) -> ResponseRows:
     prior_name, prior_cost, after = _prior(ctx, sources, costs, per_pass)
     settings = {"scope": "response", "source_spans": _spans(sources), "budget": budget, "prior": prior_name}
     prior, planned = None, None
+    kept = finer.reserve(ctx, sources, SPEND * budget - prior_cost - whole_cost(ctx.prompt_length, n, costs))
     if prior_name == "none":  # sources the masks cannot tell apart: removed in groups of adjacent ones
-        planned = plan_masks(sources, ctx.prompt_length, n, budget, ctx.options["seed"], True, costs, per_pass)
-        groups = _grouped(ctx, sources, costs, per_pass, len(planned))
+        planned = plan_masks(sources, ctx.prompt_length, n, budget, ctx.options["seed"], True, costs, per_pass, kept)
+        groups = _grouped(ctx, sources, costs, per_pass, len(planned), kept)
         if groups is not None:
             sources, planned = _merged(sources, groups), None
             settings["groups"] = groups
@@ -328,16 +331,28 @@ def budgeted(ctx: ResponseContext) -> ResponseRows:
     whole = shared.Prefix(ctx)
     cut = shared.verified(ctx, whole, shared.tolerance(whole))
     masks = planned if cut and planned is not None else plan_masks(  # (planned already for a cut cache)
-        sources, ctx.prompt_length, n, budget, ctx.options["seed"], cut, costs, per_pass, spent=prior_cost)
+        sources, ctx.prompt_length, n, budget, ctx.options["seed"], cut, costs, per_pass, spent=prior_cost + kept)
     keeps = np.vstack([np.ones((1, len(sources)), bool), masks])
     log_p, _, logits = outcomes(ctx, sources, keeps, "budgeted", shared_prefix=whole if cut else False)
     weights = surrogate(keeps, log_p.sum(1), prior)  # the whole pass's outcome too: a mask that keeps every source
-    per_step = np.repeat(weights[:, None] / n, n, axis=1)
-    spent = (prior_cost + whole_cost(ctx.prompt_length, n, costs)
-             + float(mask_costs(sources, masks, ctx.prompt_length, n, cut, costs, per_pass).sum()))
-    settings |= {"masks": len(masks), "passes": round(spent, 3), "shared_prefix": cut,
-                 "design": keeps.astype(int).tolist(), "outcomes": log_p.sum(1).tolist(),
+    spent = prior_cost + float(mask_costs(sources, masks, ctx.prompt_length, n, cut, costs, per_pass).sum())
+    settings |= {"masks": len(masks), "shared_prefix": cut, "design": keeps.astype(int).tolist(),
+                 "outcomes": log_p.sum(1).tolist(),
                  "rows": "the response's surrogate weights, each split evenly over the steps and over its tokens"}
+    refined = None if not kept else finer.refine(
+        ctx, sources, weights, spent,
+        lambda units, paid: plan_masks(units, ctx.prompt_length, n, budget, ctx.options["seed"], cut, costs, per_pass,
+                                       paid),
+        lambda units, unit_keeps: outcomes(ctx, units, unit_keeps, "budgeted, sentences",
+                                           shared_prefix=whole if cut else False)[0].sum(1),
+        lambda unit_keeps, found: surrogate(unit_keeps, found))
+    if refined is not None:
+        sources, weights = refined.sources, refined.weights
+        spent += float(mask_costs(refined.units, refined.masks, ctx.prompt_length, n, cut, costs, per_pass).sum())
+        settings["refined"] = refined.settings
+    spent += whole_cost(ctx.prompt_length, n, costs)
+    settings["passes"] = round(spent, 3)
+    per_step = np.repeat(weights[:, None] / n, n, axis=1)
     # (a group's weight spread evenly over its tokens, as a source's is)
     return ResponseRows(_rows(ctx, sources, per_step), logits, {"log_probability": log_p[0].tolist()}, settings)
 
@@ -365,6 +380,9 @@ register_method(Method(
              Option("coarse", "auto", "without a prior, where the budget buys no more masks than there are "
                     "sources: auto (remove adjacent sources in groups, as few as the masks tell apart; a group's "
                     "score spread over its tokens), none (every source on its own)", str, choices=("auto", "none")),
+             Option("finer", "none", "sentences: score the sources (passages) with half of the budget after the "
+                    "whole pass, then the sentences of the two that weigh most with the rest (AttriBoT's hierarchy); "
+                    "none", str, choices=finer.FINER),
              Option("seed", 0, "designs drawn from seed * 8 on", int), BATCH_OPTION],
     cost=lambda tokens, targets, options: budget_value(options["budget"]),
     **{**COMMON, "check_options": _check_budget}))
