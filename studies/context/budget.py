@@ -114,6 +114,9 @@ def main(argv: list[str] | None = None) -> int:
         response = out[0, len(ids):].tolist()
         while response and response[-1] == tokenizer.eos_token_id:
             response.pop()
+        if not response:  # the model ended its answer at once: no outcome to remove sources from
+            print(f"{example.id}: the model answered nothing; left out", flush=True)
+            continue
         whole = ids + response
         masks = metrics.lds_masks(len(spans), args.masks, 0)
         kept = done.get(example.id, {})

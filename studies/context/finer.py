@@ -88,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
         response = out[0, len(ids):].tolist()
         while response and response[-1] == tokenizer.eos_token_id:
             response.pop()
+        if not response:  # the model ended its answer at once: nothing to explain
+            skipped.append(example.id)
+            continue
         record = {"id": example.id, "tokens": len(ids) + len(response), "sentences": len(sentences),
                   "evidence_sentence": truth, "evidence_passage": evidence, "response": tokenizer.decode(response),
                   "methods": {}}
@@ -111,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
         records.append(record)
         args.out.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
     lines = [f"{len(records)} held-out `qa` passage contexts (8 passages, {args.budget} budget), "
-             f"SmolLM2-135M-Instruct; {len(skipped)} left out (the evidence sentence not found in its passage: "
+             f"SmolLM2-135M-Instruct; {len(skipped)} left out (no answer, or the evidence sentence not found in its "
+             "passage: "
              f"{', '.join(skipped) or 'none'}); "
              f"provenance {provenance()['commit'][:10]}", "",
              "| sources | evidence sentence first | its rank (median, mean) | evidence passage first | passes |",

@@ -231,3 +231,14 @@ def test_evaluate_context_refuses_before_the_model_loads(argv, message, tmp_path
             "--out", str(tmp_path / "run")]
     assert main([*base, *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_an_answer_of_no_tokens_is_refused_not_indexed():
+    """A model that ends its answer at once leaves no outcome to remove sources from: said, before any pass."""
+    from normx.evaluation.context.readings import Prepared, response_outcomes
+
+    model, tokenizer = tiny.build("LlamaForCausalLM")
+    ids = tokenizer("One two. Three four.")["input_ids"]
+    prepared = Prepared(None, "One two. Three four.", ids, len(ids), [(1, 3), (3, len(ids))], "", chat=False)
+    with pytest.raises(InvalidInputError, match="no tokens"):
+        response_outcomes(model, tokenizer, prepared, np.ones((2, 2), bool))

@@ -130,6 +130,9 @@ def response_outcomes(model, tokenizer, prepared: Prepared, keeps: np.ndarray, b
                       ) -> tuple[np.ndarray, np.ndarray]:
     """The response's log-probability and logit-probability [masks] under each mask (bool [masks, sources]),
     through the ablation methods' engine."""
+    if prepared.prompt_length >= len(prepared.ids):
+        raise InvalidInputError("the response has no tokens (the model ended its answer at once): there is no "
+                                "outcome to remove sources from")
     item = Encoded(text="", text_pair=None, ids=list(prepared.ids), tokens=[""] * len(prepared.ids),
                    offsets=[(0, 0)] * len(prepared.ids), segments=[0] * len(prepared.ids),
                    special=[False] * len(prepared.ids))

@@ -131,7 +131,7 @@ def _distinct_outcomes(ctx: ResponseContext, sources: list[list[int]], keeps: np
         with ctx.handle.using(), torch.no_grad():
             hidden = output_tensor(model.base_model(input_ids=ids, attention_mask=mask, **adapter.forward_kwargs))
             for r, seq in enumerate(chunk):
-                where = torch.tensor(response_positions(len(seq) - n, len(seq)), device=ids.device)
+                where = torch.tensor(response_positions(len(seq) - n, len(seq)), dtype=torch.long, device=ids.device)
                 log_p[start + r], logit_p[start + r], logits = read_outcomes(ctx, hidden[r, where])
                 if first is None:
                     first = logits
