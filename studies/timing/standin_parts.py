@@ -1,0 +1,138 @@
+"""What the CPU stand-in's excess over the model's own forward is made of (issue #55), on the stand-in's own models
+(bench/test_host_overhead.py: the tests' tiny BERT on a 40-token text; a tiny Llama, 2 blocks of width 32, on
+2,048 tokens with 32 steps), one torch thread. Each figure is a median over alternating blocks of the ratio of one
+call to the call it is read against, run right next to it.
+
+- Batch-1 classification: ``normx.explain(model, tokenizer, text)`` against ``model(**tokenizer(text,
+  return_tensors="pt"))``, and beside it the least a NormXLogit call can do, written out here: the Rust tokenizer's
+  encoding with offsets, two forward hooks (the embedding output's norms, the last block's output), the backbone,
+  the model's own pooler and classifier on every position, the product; its scores are checked to equal normx's.
+- Generation, 2,048 tokens: ``normx.explain_generation(..., method="normxlogit", target=continuation)`` against
+  ``model(input_ids=ids, logits_to_keep=33)``; the backbone run without its key-value cache (``use_cache=False``,
+  as normx runs it: no cache kept over a long prompt) against the backbone as it runs by default; and tokenising
+  the prompt alone (a part of every call that the forward on given ids does not have).
+
+    python -m studies.timing.standin_parts [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+from studies.settings import REPO, Printed, add_out_option
+
+PAIRS = 60
+
+
+def paired(call, against, blocks: int = PAIRS, repeat: int = 1) -> float:
+    """The median over ``blocks`` alternating pairs of (``call`` x repeat) / (``against`` x repeat)."""
+    for _ in range(3):
+        call(), against()
+    ratios = []
+    for k in range(blocks):
+        times = {}
+        for which in ((call, against) if k % 2 else (against, call)):
+            start = time.perf_counter()
+            for _ in range(repeat):
+                which()
+            times[which] = time.perf_counter() - start
+        ratios.append(times[call] / times[against])
+    return statistics.median(ratios)
+
+
+def least_normxlogit(model, tokenizer, text: str):
+    """NormXLogit with nothing around it: (scores [T], tokens, offsets, probabilities)."""
+    import torch
+
+    encoding = tokenizer.backend_tokenizer.encode_batch([text])[0]
+    ids = torch.tensor([encoding.ids])
+    kept = {}
+    hooks = [model.bert.embeddings.register_forward_hook(
+                 lambda _m, _a, out: kept.__setitem__("x0", out.float().norm(dim=-1))),
+             model.bert.encoder.layer[-1].register_forward_hook(
+                 lambda _m, _a, out: kept.__setitem__("h", out[0] if isinstance(out, tuple) else out))]
+    try:
+        with torch.no_grad():
+            model.bert(input_ids=ids, attention_mask=torch.ones_like(ids),
+                       token_type_ids=torch.tensor([encoding.type_ids]))
+            every = model.classifier(model.bert.pooler(kept["h"][0][:, None]))  # each token as the pooled one
+    finally:
+        for hook in hooks:
+            hook.remove()
+    label = int(every[0].argmax())
+    return ((kept["x0"][0] * every[:, label]).numpy(), encoding.tokens, encoding.offsets,
+            torch.softmax(every[0], -1).tolist())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m studies.timing.standin_parts",
+                                     description=__doc__.split("\n\n")[0])
+    add_out_option(parser)
+    args = parser.parse_args(argv)
+    sys.path[:0] = [str(REPO / "tests"), str(REPO / "bench")]  # the stand-in's own models (bench imports them so)
+
+    import numpy as np
+    import test_host_overhead as standin
+    import tiny
+    import torch
+
+    import normx
+
+    torch.set_num_threads(1)
+    show = Printed(args.out)
+    show("| case | call | against | ratio (median of alternating pairs) |")
+    show("|---|---|---|---|")
+
+    model, tokenizer = tiny.build("BertForSequenceClassification")
+    ids = tokenizer(" ".join(tiny.CORPUS), add_special_tokens=False)["input_ids"][:standin.CLASSIFICATION_TOKENS - 2]
+    text = tokenizer.decode(ids)
+
+    def forward():
+        with torch.no_grad():
+            model(**tokenizer(text, return_tensors="pt"))
+
+    np.testing.assert_allclose(least_normxlogit(model, tokenizer, text)[0], normx.explain(model, tokenizer, text).score,
+                               rtol=1e-5, atol=1e-6)
+    against = "`model(**tokenizer(text, return_tensors=\"pt\"))`"
+    show(f"| classification, 40 tokens | `normx.explain` | {against} | "
+         f"{paired(lambda: normx.explain(model, tokenizer, text), forward, repeat=10):.3f}× |")
+    show(f"| classification, 40 tokens | the least NormXLogit call (above) | {against} | "
+         f"{paired(lambda: least_normxlogit(model, tokenizer, text), forward, repeat=10):.3f}× |")
+
+    length, steps = 2048, standin.STEPS
+    tokenizer = standin._tokenizer(length)
+    model = standin._llama(tokenizer, length)
+    prompt, prompt_ids, continuation = standin._sequence(tokenizer, length, steps)
+    ids = torch.tensor([prompt_ids + continuation])
+    mask = torch.ones_like(ids)
+
+    def own():
+        with torch.no_grad():
+            model(input_ids=ids, logits_to_keep=steps + 1)
+
+    def backbone(**kwargs):
+        def run():
+            with torch.no_grad():
+                model.model(input_ids=ids, attention_mask=mask, **kwargs)
+        return run
+
+    explain = lambda: normx.explain_generation(model, tokenizer, prompt, method="normxlogit",  # noqa: E731
+                                               target=continuation)
+    show(f"| generation, {ids.shape[1]:,} tokens, {steps} steps | `normx.explain_generation` (normxlogit) | "
+         f"`model(input_ids=ids, logits_to_keep={steps + 1})` | {paired(explain, own, blocks=16):.3f}× |")
+    show(f"| generation, {ids.shape[1]:,} tokens | the backbone, `use_cache=False` | the backbone as it runs by "
+         f"default (a cache: its keys and values copied contiguous) | "
+         f"{paired(backbone(use_cache=False), backbone(), blocks=24):.3f}× |")
+    tokenize = lambda: tokenizer(prompt)  # noqa: E731
+    show(f"| generation, {ids.shape[1]:,} tokens | the forward and tokenising the prompt | "
+         f"`model(input_ids=ids, logits_to_keep={steps + 1})` | "
+         f"{paired(lambda: (own(), tokenize()), own, blocks=16):.3f}× |")
+    show.save()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
