@@ -20,7 +20,9 @@ from the budget; the surrogate then shrinks towards the prior, scaled by the mas
 varied still gets the prior's share, and a budget that buys no masks after it returns the prior's scores.
 
 Sources, by default (``sources="auto"``): the prompt before its closing question (the short lines at its end), split
-into paragraphs when it has passages, else into sentences (:func:`normx.methods.ablation.sources.auto_split`).
+into paragraphs when it has passages, else into sentences (:func:`normx.methods.ablation.sources.auto_split`). With
+``finer="sentences"`` the sources get half of what the budget has after the whole pass, and the sentences of the two
+that weigh most the rest (:mod:`normx.methods.ablation.finer`).
 """
 
 from __future__ import annotations
