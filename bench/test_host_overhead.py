@@ -20,49 +20,20 @@ attention's rows sum to one over the keys, norm-based attention's are positive w
 
 from __future__ import annotations
 
-import copy
 import time
 
 import numpy as np
 import pytest
-import tiny
 import torch
-import transformers
+from standin import CLASSIFICATION_TOKENS, STEPS, byte_tokenizer, classifier, llama, sequence
 from timing import timed_rounds
 from workloads import device_name
 
 import normx
 
-STEPS = 32
 GENERATION = {2048: ("normxlogit", "attention", "norm_attention"), 8192: ("normxlogit", "attention", "norm_attention")}
 SMOKE_LENGTH, SMOKE_STEPS = 256, 8
-CLASSIFICATION_TOKENS = 40
 ROUNDS, MIN_TIME, MAX_ROUNDS = 7, 8.0, 60
-
-
-def _tokenizer(longest: int):
-    tokenizer = copy.deepcopy(tiny.bpe_tokenizer("llama"))  # the shared one is not to be changed
-    tokenizer.model_max_length = longest + 64
-    return tokenizer
-
-
-def _llama(tokenizer, longest: int):
-    config = transformers.LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=4, max_position_embeddings=longest + 64, bos_token_id=0, eos_token_id=2, pad_token_id=1)
-    torch.manual_seed(0)
-    return transformers.LlamaForCausalLM(config).eval()
-
-
-def _sequence(tokenizer, length: int, steps: int) -> tuple[str, list[int], list[int]]:
-    """(prompt, its ids, a continuation of ``steps`` ids), ``length`` tokens together."""
-    ids = tokenizer(" ".join(tiny.CORPUS * (length // 40 + 8)), add_special_tokens=False)["input_ids"]
-    for cut in range(length - steps - 1, 0, -1):  # decoding and encoding again may merge differently: fit it
-        prompt = tokenizer.decode(ids[:cut])
-        prompt_ids = tokenizer(prompt)["input_ids"]
-        if len(prompt_ids) <= length - steps:
-            break
-    return prompt, prompt_ids, ids[len(ids) - steps:]
 
 
 def _check(generation, model, ids: list[int], method: str) -> None:
@@ -97,9 +68,9 @@ def test_generation_beside_its_forward(benchmark, length, method):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        tokenizer = _tokenizer(length)
-        model = _llama(tokenizer, length)
-        prompt, prompt_ids, continuation = _sequence(tokenizer, length, steps)
+        made = byte_tokenizer(length)
+        model = llama(made, length)
+        prompt, prompt_ids, continuation = sequence(made, length, steps)
         ids = torch.tensor([prompt_ids + continuation])
 
         def forward():
@@ -107,13 +78,13 @@ def test_generation_beside_its_forward(benchmark, length, method):
                 model(input_ids=ids, logits_to_keep=steps + 1)
 
         def explain():
-            return normx.explain_generation(model, tokenizer, prompt, method=method, target=continuation)
+            return normx.explain_generation(model, made, prompt, method=method, target=continuation)
 
         result, baseline, _ = timed_rounds(benchmark, explain, forward, torch.device("cpu"), ROUNDS,
                                                  min_time=MIN_TIME, max_rounds=MAX_ROUNDS)
         _check(result, model, prompt_ids + continuation, method)
         start = time.perf_counter()
-        tokenizer(prompt)
+        made(prompt)
         _record(benchmark, baseline, level="host_overhead", case="generation", model="tiny Llama", method=method,
                 tokens=int(ids.shape[1]), steps=steps, tokenize_s=time.perf_counter() - start)
     finally:
@@ -124,9 +95,7 @@ def test_classification_beside_its_forward(benchmark):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        model, tokenizer = tiny.build("BertForSequenceClassification")
-        ids = tokenizer(" ".join(tiny.CORPUS), add_special_tokens=False)["input_ids"][:CLASSIFICATION_TOKENS - 2]
-        text = tokenizer.decode(ids)
+        model, tokenizer, text = classifier()
 
         def forward():
             with torch.no_grad():

@@ -1,7 +1,7 @@
 """What the CPU stand-in's excess over the model's own forward is made of (issue #55), on the stand-in's own models
-(bench/test_host_overhead.py: the tests' tiny BERT on a 40-token text; a tiny Llama, 2 blocks of width 32, on
-2,048 tokens with 32 steps), one torch thread. Each figure is a median over alternating blocks of the ratio of one
-call to the call it is read against, run right next to it.
+(bench/standin.py, as bench/test_host_overhead.py reads them: the tests' tiny BERT on a 40-token text; a tiny
+Llama, 2 blocks of width 32, on 2,048 tokens with 32 steps), one torch thread. Each figure is a median over
+alternating blocks of the ratio of one call to the call it is read against, run right next to it.
 
 - Batch-1 classification: ``normx.explain(model, tokenizer, text)`` against ``model(**tokenizer(text,
   return_tensors="pt"))``, and beside it the least a NormXLogit call can do, written out here: the Rust tokenizer's
@@ -19,10 +19,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 
-from studies.settings import REPO, Printed, add_out_option
+from studies.settings import Printed, add_out_option
 
 PAIRS = 60
 
@@ -72,23 +71,19 @@ def main(argv: list[str] | None = None) -> int:
                                      description=__doc__.split("\n\n")[0])
     add_out_option(parser)
     args = parser.parse_args(argv)
-    sys.path[:0] = [str(REPO / "tests"), str(REPO / "bench")]  # the stand-in's own models (bench imports them so)
 
     import numpy as np
-    import test_host_overhead as standin
-    import tiny
     import torch
 
     import normx
+    from bench import standin
 
     torch.set_num_threads(1)
     show = Printed(args.out)
     show("| case | call | against | ratio (median of alternating pairs) |")
     show("|---|---|---|---|")
 
-    model, tokenizer = tiny.build("BertForSequenceClassification")
-    ids = tokenizer(" ".join(tiny.CORPUS), add_special_tokens=False)["input_ids"][:standin.CLASSIFICATION_TOKENS - 2]
-    text = tokenizer.decode(ids)
+    model, tokenizer, text = standin.classifier()
 
     def forward():
         with torch.no_grad():
@@ -103,9 +98,9 @@ def main(argv: list[str] | None = None) -> int:
          f"{paired(lambda: least_normxlogit(model, tokenizer, text), forward, repeat=10):.3f}× |")
 
     length, steps = 2048, standin.STEPS
-    tokenizer = standin._tokenizer(length)
-    model = standin._llama(tokenizer, length)
-    prompt, prompt_ids, continuation = standin._sequence(tokenizer, length, steps)
+    tokenizer = standin.byte_tokenizer(length)
+    model = standin.llama(tokenizer, length)
+    prompt, prompt_ids, continuation = standin.sequence(tokenizer, length, steps)
     ids = torch.tensor([prompt_ids + continuation])
     mask = torch.ones_like(ids)
 
