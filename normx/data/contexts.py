@@ -50,7 +50,7 @@ INSTRUCTIONS = (("colour", ("teal", "amber", "violet", "crimson", "olive", "indi
 class ContextExample:
     """One context: ``sources`` (texts, in the order shown), the ``query``, ``evidence`` (indices of the sources
     that hold the answer), the ``rows`` each source was built from (``evidence_row``: the one the evidence comes
-    from), and how it was made."""
+    from; ``evidence_text``: its sentence), and how it was made."""
 
     id: str
     kind: str
@@ -61,6 +61,7 @@ class ContextExample:
     evidence: tuple[int, ...]
     rows: tuple[tuple[str, ...], ...]
     evidence_row: str = ""  # the row the evidence comes from (``"qnli:123"``)
+    evidence_text: str = ""  # the evidence sentence as it stands in its source
     answer: str | None = None  # what a correct response says, where the kind knows it (instruction, copy)
 
     def separator(self) -> str:
@@ -191,7 +192,7 @@ class _Builder:
             word = None
         return ContextExample(id=f"{self.kind}-{self.split}-{self.length}-{self.seed}-{i}", kind=self.kind,
                               split=self.split, length=self.length, sources=sources, query=self._query(row, word),
-                              evidence=(at,), rows=rows, evidence_row=evidence[0],
+                              evidence=(at,), rows=rows, evidence_row=evidence[0], evidence_text=evidence_text,
                               answer=self._answer(row, evidence_text))
 
     def _retry(self, i: int) -> ContextExample:

@@ -5,8 +5,8 @@ The contexts are ``studies.context.budget``'s passages (8 passages of ~4 sentenc
 question after them; held out; the ``qa`` kind, whose evidence is one answering sentence in one passage). Each
 method runs as a user calls it (``normx.explain_generation(model, tokenizer, prompt, method="budgeted",
 target=answer_ids, **options)``); a sentence's score is the sum of its tokens' rows. Read: the evidence sentence's
-rank among the context's sentences (1 = top; the others as ``split_text`` finds them, the evidence as QNLI gives
-it: its row's sentence, found in its passage), the share of contexts where it is first, and where its passage is
+rank among the context's sentences (1 = top; the others as ``split_text`` finds them, the evidence the example's
+own ``evidence_text``, found in its passage), the share of contexts where it is first, and where its passage is
 first.
 
     python -m studies.context.finer --data DATA --count 8 --out FILE
@@ -23,19 +23,6 @@ from studies.context.budget import layout
 from studies.settings import add_data_option, data_folder, provenance
 
 SPECS = ("passages", "passages, then sentences", "sentences")
-
-
-def answering_sentences(folder: Path) -> list[str]:
-    """QNLI's answering sentences, by row (the ``qa`` contexts' ``evidence_row`` is ``"qnli:ROW"``): its dev.tsv, read
-    as the shared data's README gives it (tab-separated, no quoting; a row with extra fields read from its end)."""
-    import csv
-
-    with open(folder / "qnli" / "dev.tsv", encoding="utf-8", newline="") as handle:
-        reader = csv.reader(handle, delimiter="\t", quoting=csv.QUOTE_NONE)
-        header = next(reader)
-        rows = [row[:1] + row[len(row) - len(header) + 1:] if len(row) > len(header) else row
-                for row in reader if row]
-    return [row[header.index("sentence")].strip() for row in rows]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,19 +46,17 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     model, tokenizer = normx.load_model("smollm2")
     examples = context_examples(["qa"], "heldout", 2000, args.first + args.count, 0, data_folder(args.data))
-    answering = answering_sentences(data_folder(args.data))
     records, skipped = [], []
     for example in examples[args.first:]:
         prompt, chars = layout(example, "passages")
-        evidence = sorted([*[i for i in range(len(example.sources)) if i != example.evidence[0]][:7],
-                           example.evidence[0]]).index(example.evidence[0])  # (layout keeps 8 passages)
+        shown = example.sources[example.evidence[0]]  # (the layout keeps 8 of the passages, this one among them)
+        evidence = next(k for k, (a, b) in enumerate(chars) if prompt[a:b] == shown)
         a, b = chars[evidence]
-        task, row = example.evidence_row.split(":")
-        at = prompt.find(answering[int(row)], a, b) if task == "qnli" else -1
+        at = prompt.find(example.evidence_text, a, b) if example.evidence_text else -1
         if at < 0:
             skipped.append(example.id)
             continue
-        target = (at, at + len(answering[int(row)]))  # the evidence sentence; every other unit a sentence found
+        target = (at, at + len(example.evidence_text))  # the evidence sentence; every other unit a sentence found
         sentences = [target] + [(a + x, a + y) for a, b in chars for x, y in split_text(prompt[a:b], "sentences")
                                 if a + y <= target[0] or a + x >= target[1]]
         truth = 0

@@ -82,6 +82,7 @@ def test_lengths_and_passages():
         assert e.evidence_row in e.rows[at] and not any(e.evidence_row in rows for k, rows in enumerate(e.rows)
                                                         if k != at)
         assert qnli_rows()[int(e.evidence_row.split(":")[1])].pair in e.sources[at]
+        assert e.evidence_text == qnli_rows()[int(e.evidence_row.split(":")[1])].pair.strip()  # its sentence, kept
 
 
 def test_bad_arguments_are_said(tmp_path):
