@@ -29,6 +29,7 @@ from contextlib import contextmanager
 
 from normx._torch import nn
 from normx.models import unwrap_model
+from normx.models.structure import all_modules
 
 _SHARED, _EXCLUSIVE = "shared", "exclusive"
 
@@ -169,21 +170,10 @@ def pause(model: nn.Module) -> None:
 
 
 def _training_modules(model: nn.Module) -> list[nn.Module]:
-    """Every module of ``model`` in training mode, read on each call (a user may switch any module between two calls),
-    walking the children directly: ``model.modules()`` builds every module's name and costs more than a small model's
-    forward pass on a short text."""
-    found, stack, seen = [], [model], set()
-    pop, push, add = stack.pop, stack.extend, seen.add
-    while stack:  # (the instance dicts read directly: a 7B decoder has some 400 modules, walked on every call)
-        module = pop()
-        if module is None or id(module) in seen:  # (a child registered as None)
-            continue
-        add(id(module))
-        attrs = module.__dict__
-        if attrs["training"]:
-            found.append(module)
-        push(attrs["_modules"].values())
-    return found
+    """Every module of ``model`` in training mode, read on each call (a user may switch any module between two calls)
+    from the model's modules as :func:`normx.models.structure.all_modules` keeps them (walking the tree on every call
+    costs more than a small model's forward pass on a short text)."""
+    return [module for module in all_modules(model) if module.training]
 
 
 @contextmanager

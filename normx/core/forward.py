@@ -16,6 +16,7 @@ from normx._torch import torch
 from normx.core.hooks import capture
 from normx.errors import HookNotFiredError
 from normx.models import Adapter
+from normx.models.structure import kept
 
 
 @dataclass
@@ -122,15 +123,48 @@ def capture_layers(model, adapter: Adapter, layers: Iterable[int], embedding: st
     ``x0`` inside the hook when given, so only what it returns is kept) and x^l for each of ``layers`` (0 = embedding
     output, l = block l's output). A block module that the adapter lists several times (layers shared across the
     stack) is read at each of its calls in order."""
+    layers = tuple(layers)
+    points = kept(model, ("capture", id(adapter), layers, embedding), lambda: _capture_points(model, adapter, layers,
+                                                                                             embedding))
+    captured: dict = {}
+    with capture(points.modules, None if x0 is None else {"x0": x0}, inputs=points.inputs,
+                 every_call=points.calls) as store:
+        yield captured
+    captured["x0"] = store["x0"]
+    for layer, key, nth in points.reads:
+        if key == "h0":
+            captured[layer] = store[key]
+            continue
+        runs = store[key]
+        if nth >= len(runs):
+            raise HookNotFiredError(f"block {layer} ({type(points.modules[key]).__name__}) ran {len(runs)} time(s) "
+                                    f"in the forward pass, not the {nth + 1} the adapter's stack of blocks says")
+        captured[layer] = runs[nth]
+
+
+@dataclass(frozen=True)
+class _CapturePoints:
+    """Where :func:`capture_layers` hooks a model: the modules by key, the keys read at their input and those read
+    at every call, and for each layer (key, which call)."""
+
+    modules: dict
+    inputs: frozenset
+    calls: frozenset
+    reads: tuple
+
+
+def _capture_points(model, adapter: Adapter, layers: tuple[int, ...], embedding: str) -> _CapturePoints:
     blocks = adapter.block_modules(model)
     first_input = adapter.embeddings is None  # x^0 is the first block's input
     layer_output = blocks[0] if first_input else adapter.embedding_module(model, "layer")
     word = embedding == "word"
     modules = {"x0": adapter.embedding_module(model, "word") if word else layer_output}
     inputs = {"x0"} if first_input and not word else set()
+    reads = []
     if 0 in layers:
         modules["h0"] = layer_output
         inputs |= {"h0"} if first_input else set()
+        reads.append((0, "h0", 0))
     first, call, seen = {}, [], Counter()  # a module's first index in the stack; which of its calls each block is
     for index, block in enumerate(blocks):
         first.setdefault(id(block), index)
@@ -138,18 +172,8 @@ def capture_layers(model, adapter: Adapter, layers: Iterable[int], embedding: st
         seen[id(block)] += 1
     for layer in layers:
         if layer > 0:  # keyed by the first layer whose output the module gives
-            modules[f"h{first[id(blocks[layer - 1])] + 1}"] = blocks[layer - 1]
-    calls = {key for key in modules if key.startswith("h") and key != "h0"}
-    captured: dict = {}
-    with capture(modules, None if x0 is None else {"x0": x0}, inputs=inputs, every_call=calls) as store:
-        yield captured
-    captured["x0"] = store["x0"]
-    if 0 in layers:
-        captured[0] = store["h0"]
-    for layer in (layer for layer in layers if layer > 0):
-        block, nth = blocks[layer - 1], call[layer - 1]
-        runs = store[f"h{first[id(block)] + 1}"]
-        if nth >= len(runs):
-            raise HookNotFiredError(f"block {layer} ({type(block).__name__}) ran {len(runs)} time(s) in the forward "
-                                    f"pass, not the {nth + 1} the adapter's stack of blocks says")
-        captured[layer] = runs[nth]
+            key = f"h{first[id(blocks[layer - 1])] + 1}"
+            modules[key] = blocks[layer - 1]
+            reads.append((layer, key, call[layer - 1]))
+    calls = frozenset(key for key in modules if key.startswith("h") and key != "h0")
+    return _CapturePoints(modules, frozenset(inputs), calls, tuple(reads))

@@ -228,10 +228,13 @@ def warn_user(items: Sequence[Encoded]) -> None:
 def batches(encoded: list[Encoded], batch_size: int, tokenizer, device
             ) -> Iterator[tuple[list[Encoded], dict[str, torch.Tensor]]]:
     """``(items, inputs)`` for every ``batch_size`` consecutive encodings: padded on the right with
-    :func:`pad_token_id` (:func:`collate`), on ``device``."""
-    pad_id = pad_token_id(tokenizer)
+    :func:`pad_token_id` (:func:`collate`), on ``device``. (The pad token is looked up only for a batch that needs
+    it: reading a tokenizer's special tokens costs more than collating one short text.)"""
+    pad_id = None
     for start in range(0, len(encoded), batch_size):
         items = encoded[start:start + batch_size]
+        if pad_id is None and any(len(item.ids) != len(items[0].ids) for item in items):
+            pad_id = pad_token_id(tokenizer)
         yield items, collate(items, pad_id, device)
 
 

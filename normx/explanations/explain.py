@@ -87,13 +87,11 @@ def explain(model, tokenizer, texts: str | Sequence[str], method: str = "normxlo
         scores = out.scores.cpu().numpy()
         logits = out.logits
         diagnostics = {name: value.float().cpu() for name, value in out.diagnostics.items()}
-        mask = inputs["attention_mask"].bool().cpu().numpy()
         pooled = out.pooled.tolist()
         columns = out.columns.tolist()
-        for row, item in enumerate(items):
-            keep = np.flatnonzero(mask[row])
-            results.append(_explanation(item, scores[row][:, :, keep], columns[row], logits[row], plan, settings,
-                                        int(pooled[row] - keep[0]),
+        for row, item in enumerate(items):  # a row's tokens are its first len(ids) positions (collate pads right)
+            results.append(_explanation(item, scores[row][:, :, :len(item.ids)], columns[row], logits[row], plan,
+                                        settings, int(pooled[row]),
                                         {name: value[row].tolist() for name, value in diagnostics.items()}))
     return results[0] if single else Explanations(results)
 
@@ -186,7 +184,8 @@ def attribute_batch(plan: Plan, inputs: dict[str, torch.Tensor], columns: torch.
     default the plan's, or the prediction); ``prediction=False`` with ``columns`` given: the head is not run at the
     pooled position (``logits`` and ``ctx.logits`` are None), for the per-position methods, which never read it.
     Runs in eval mode, holding the model shared (:func:`normx.core.concurrency.using`): safe to call from several
-    threads on one model."""
+    threads on one model. A per-position method's pass runs in inference mode, so its tensors are inference tensors
+    (read them, or ``.clone()`` one to change it in place or to differentiate through it)."""
     ids = inputs["input_ids"]
     given = columns
 
@@ -194,7 +193,8 @@ def attribute_batch(plan: Plan, inputs: dict[str, torch.Tensor], columns: torch.
         return plan.labels.target_columns(logits, plan.target_columns) if given is None else given
 
     foil = None if plan.foil_column is None else torch.full(ids.shape[:1], plan.foil_column, device=ids.device)
-    with plan.handle.using(), torch.no_grad():
+    # a per-position method reads the pass only (no backward): inference mode skips autograd's bookkeeping
+    with plan.handle.using(), (torch.inference_mode() if plan.method.per_position else torch.no_grad()):
         run = Pass(plan.base, plan.adapter, inputs, plan.layers, plan.embedding, mask_token_id=plan.mask_token_id,
                    reads=plan.reads)
         if plan.method.predicts:  # its own forward pass makes the prediction (ctx.predict)

@@ -12,6 +12,7 @@ from normx.errors import InvalidInputError
 from normx.models.decoder_attention import AttentionParts, read_block_attention
 from normx.models.encoder import BlockLayout
 from normx.models.modules import ModuleRef, resolve
+from normx.models.structure import kept
 
 if TYPE_CHECKING:  # torch is imported by the functions that run models, not on import (instant `normx supported`)
     from torch import nn
@@ -120,7 +121,10 @@ class Adapter:
         return resolve(model, self.embeddings)
 
     def block_modules(self, model: nn.Module) -> list[nn.Module]:
-        return list(resolve(model, self.blocks))
+        return list(self._blocks(model))
+
+    def _blocks(self, model: nn.Module) -> tuple[nn.Module, ...]:
+        return kept(model, ("blocks", id(self)), lambda: tuple(resolve(model, self.blocks)))
 
     def attention_parts(self, model: nn.Module, block: nn.Module) -> AttentionParts | str:
         """One decoder block's self-attention parts (``decoder_attention``, else transformers' conventions), or
@@ -133,7 +137,7 @@ class Adapter:
         return None if self.final_norm is None else resolve(model, self.final_norm)
 
     def num_layers(self, model: nn.Module) -> int:
-        return len(self.block_modules(model))
+        return len(self._blocks(model))
 
     def pooled_positions(self, config, inputs: dict[str, torch.Tensor], mask_token_id: int | None = None
                          ) -> torch.Tensor:
@@ -141,9 +145,9 @@ class Adapter:
         (``"first"``), the last (``"last"``; a decoder classifier skips trailing pad tokens, as transformers does),
         or the first mask token (``"mask"``; :class:`InvalidInputError` for a row without one)."""
         mask = inputs["attention_mask"]
+        if self.pooling in ("first", "mean", "late"):  # the first non-padding position (argmax: the first maximum)
+            return (mask if mask.dtype is torch.int64 else (mask != 0).long()).argmax(-1)
         positions = torch.arange(mask.shape[1], device=mask.device)
-        if self.pooling in ("first", "mean", "late"):
-            return (mask * (mask.shape[1] - positions)).argmax(-1)  # first non-padding position
         if self.pooling == "last":
             keep = mask
             pad = getattr(config, "pad_token_id", None)

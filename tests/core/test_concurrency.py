@@ -195,3 +195,40 @@ def test_model_lock_nests_and_upgrades_within_a_thread():
     with pytest.raises(RuntimeError, match="boom"), lock.exclusive():
         raise RuntimeError("boom")
     assert lock._writer is None  # released on errors
+
+
+def test_a_module_added_after_first_use_in_training_mode_is_switched_to_eval_too():
+    """normx keeps a model's modules between calls (normx.models.structure); a module registered later (a new
+    dropout, as a user or PEFT would add one) is among them on the next call."""
+    model, tokenizer = tiny.build("BertForSequenceClassification", fresh=True)
+    reference = normx.explain(model, tokenizer, TEXTS[1]).scores
+    model.classifier = torch.nn.Sequential(torch.nn.Dropout(0.5), model.classifier)  # in training mode
+    assert model.classifier[0].training
+    for _ in range(3):  # dropout at 0.5 on 32 features: a pass with it on differs
+        np.testing.assert_allclose(normx.explain(model, tokenizer, TEXTS[1]).scores, reference, rtol=1e-5, atol=1e-6)
+    assert model.classifier[0].training
+
+
+def test_a_block_replaced_after_first_use_is_the_one_hooked():
+    """The capture points are kept between calls too: a block replaced later is the one read."""
+    from normx.models.structure import kept, tree_version
+
+    model, tokenizer = tiny.build("BertForSequenceClassification", fresh=True)
+    before = normx.explain(model, tokenizer, TEXTS[1], target=0, layer="all").scores
+    version = tree_version()
+    calls = []
+    assert kept(model, "probe", lambda: calls.append(1) or len(calls)) == 1
+    assert kept(model, "probe", lambda: calls.append(1) or len(calls)) == 1  # kept
+    layers = model.bert.encoder.layer
+    layers[1] = PassThrough()  # the last block now passes its input on (a registration)
+    assert tree_version() != version
+    assert kept(model, "probe", lambda: calls.append(1) or len(calls)) == 2  # made again
+    after = normx.explain(model, tokenizer, TEXTS[1], target=0, layer="all").scores
+    np.testing.assert_allclose(after[:, :2], before[:, :2], rtol=1e-5, atol=1e-6)  # layers 0 and 1 as before
+    np.testing.assert_allclose(after[:, 2], before[:, 1], rtol=1e-5, atol=1e-6)  # layer 2 is x^1 now
+    assert not np.allclose(before[:, 2], before[:, 1])
+
+
+class PassThrough(torch.nn.Module):
+    def forward(self, hidden, *args, **kwargs):
+        return hidden
