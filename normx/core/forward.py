@@ -45,7 +45,7 @@ class Pass:
         model, adapter = self.model, self.adapter
         layers = sorted(set(self.layers) | set(self.reads) | {adapter.num_layers(model)})
         # only the norms of x^0 are kept, not x^0 itself
-        with capture_layers(model, adapter, layers, self.embedding, x0=lambda t: t.float().norm(dim=-1)) as captured:
+        with capture_layers(model, adapter, layers, self.embedding, x0=_norms) as captured:
             model.base_model(**self.inputs, **adapter.forward_kwargs)
         self.input_norm = captured["x0"]  # [B, T]
         self.hidden = {layer: captured[layer] for layer in layers}
@@ -102,7 +102,8 @@ class Pass:
 
     def pooled_rows(self, every: torch.Tensor) -> torch.Tensor:
         """Each row's values at its pooled position: [B, T, ...] -> [B, ...]."""
-        return every[torch.arange(every.shape[0], device=every.device), self.pooled]
+        index = self.pooled.reshape(-1, *[1] * (every.dim() - 1))
+        return torch.take_along_dim(every, index, dim=1).squeeze(1)
 
     def pooled_head(self, hidden: torch.Tensor, columns: torch.Tensor | None = None) -> torch.Tensor:
         """The head on what it reads for the prediction (the pooled position, or the mean: ``Adapter.pool``) of
@@ -111,8 +112,14 @@ class Pass:
 
     def hidden_norms(self) -> torch.Tensor:
         """||x_i^l|| for the requested layers [B, len(layers), T]; layer 0 is the chosen input embedding."""
-        norms = [self.input_norm if layer == 0 else self.hidden[layer].float().norm(dim=-1) for layer in self.layers]
+        norms = [self.input_norm if layer == 0 else _norms(self.hidden[layer]) for layer in self.layers]
         return torch.stack(norms, dim=1)
+
+
+def _norms(hidden: torch.Tensor) -> torch.Tensor:
+    """||x_i|| in float32 over the last dimension [..., H] -> [...] (``Tensor.norm``'s Python wrapper costs more
+    than the norm of a short text's tokens; this is the op it calls)."""
+    return torch.linalg.vector_norm(hidden.float(), dim=-1)
 
 
 @contextmanager

@@ -7,6 +7,8 @@ import warnings as _warnings
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from normx.core.batch import Encoded, collate  # (re-exported: the input layer's API)
 from normx.core.concurrency import tokenizer_lock
 from normx.core.vocabulary import vocabulary_names
@@ -167,11 +169,19 @@ def encode(tokenizer, texts: list[str], pairs: list[str] | None, max_length: int
             warnings.append(f"{what}: truncated to {max_length} tokens")
         ids, offsets, seq_ids, special, extra = parts
         warnings.extend(unknown_pieces(tokenizer, ids, offsets, text, pair, seq_ids))
-        seq_ids = seq_ids if seq_ids is not None else [None] * len(ids)
-        segments = [-1 if (sid is None or sp) else int(sid) for sid, sp in zip(seq_ids, special)]
+        segments = _segments(seq_ids, special)
         out.append(Encoded(text=text, text_pair=pair, ids=ids, tokens=vocabulary_names(tokenizer, ids),
                            offsets=offsets, segments=segments, special=special, extra=extra, warnings=warnings))
     return out
+
+
+def _segments(sequence_ids: list | None, special: list[bool]) -> list[int]:
+    """Each token's text (0 = text, 1 = text_pair; -1 = a special token or one of no text), without a Python loop
+    over the tokens."""
+    if sequence_ids is None:
+        return [-1] * len(special)
+    which = np.array(sequence_ids, dtype=np.float64)  # (None -> nan)
+    return np.where(np.isnan(which) | np.array(special, dtype=bool), -1, np.nan_to_num(which)).astype(int).tolist()
 
 
 def backend_encodings(tokenizer, texts: list[str], pairs: list[str] | None) -> list | None:
@@ -188,14 +198,14 @@ def _from_encoding(encoding, keep: list[str]) -> tuple:
     """(ids, offsets, sequence ids, special, extra inputs) of one Rust encoding, as :func:`_from_batch` reads them."""
     extra = {"token_type_ids": list(encoding.type_ids)} if "token_type_ids" in keep else {}
     return (list(encoding.ids), list(encoding.offsets), encoding.sequence_ids,
-            [bool(s) for s in encoding.special_tokens_mask], extra)
+            np.array(encoding.special_tokens_mask, dtype=bool).tolist(), extra)
 
 
 def _from_batch(enc, index: int, keep: list[str]) -> tuple:
     """(ids, offsets, sequence ids, special, extra inputs) of row ``index`` of a tokenizer call's output."""
     return (list(enc["input_ids"][index]), [tuple(o) for o in enc["offset_mapping"][index]],
             enc.sequence_ids(index) if enc.encodings else None,
-            [bool(s) for s in enc["special_tokens_mask"][index]],
+            np.array(enc["special_tokens_mask"][index], dtype=bool).tolist(),
             {name: list(enc[name][index]) for name in keep if name in enc})
 
 

@@ -184,8 +184,9 @@ def attribute_batch(plan: Plan, inputs: dict[str, torch.Tensor], columns: torch.
     default the plan's, or the prediction); ``prediction=False`` with ``columns`` given: the head is not run at the
     pooled position (``logits`` and ``ctx.logits`` are None), for the per-position methods, which never read it.
     Runs in eval mode, holding the model shared (:func:`normx.core.concurrency.using`): safe to call from several
-    threads on one model. A per-position method's pass runs in inference mode, so its tensors are inference tensors
-    (read them, or ``.clone()`` one to change it in place or to differentiate through it)."""
+    threads on one model. A method that never differentiates runs in inference mode (``Method.grad_mode``), so its
+    tensors are inference tensors (read them, or ``.clone()`` one to change it in place or to differentiate
+    through it)."""
     ids = inputs["input_ids"]
     given = columns
 
@@ -193,8 +194,7 @@ def attribute_batch(plan: Plan, inputs: dict[str, torch.Tensor], columns: torch.
         return plan.labels.target_columns(logits, plan.target_columns) if given is None else given
 
     foil = None if plan.foil_column is None else torch.full(ids.shape[:1], plan.foil_column, device=ids.device)
-    # a per-position method reads the pass only (no backward): inference mode skips autograd's bookkeeping
-    with plan.handle.using(), (torch.inference_mode() if plan.method.per_position else torch.no_grad()):
+    with plan.handle.using(), plan.method.grad_mode():
         run = Pass(plan.base, plan.adapter, inputs, plan.layers, plan.embedding, mask_token_id=plan.mask_token_id,
                    reads=plan.reads)
         if plan.method.predicts:  # its own forward pass makes the prediction (ctx.predict)

@@ -348,7 +348,7 @@ def _all_steps(plan: Plan, inputs: dict, columns: torch.Tensor, queries: torch.T
         return out.scores, out.run, dict(out.diagnostics)
     run = Pass(plan.base, plan.adapter, inputs, plan.layers, plan.embedding, reads=plan.reads).locate()
     ctx = Context(run, plan.labels, columns, None, options=plan.options)
-    with plan.handle.using(), torch.no_grad():
+    with plan.handle.using(), method.grad_mode():
         every = method.query_rows(ctx, queries).float()
     if not run.hidden:
         raise RuntimeError(f"method {method.name!r} has query_rows but did not run its forward pass on ctx.run")

@@ -71,7 +71,7 @@ class Explanation:
         if tuple(self.scores.shape) != expected:
             raise ValueError(f"scores has shape {tuple(self.scores.shape)}, expected {expected}")
         if not self.groups:
-            object.__setattr__(self, "groups", [[i] for i in range(len(self.tokens))])
+            object.__setattr__(self, "groups", np.arange(len(self.tokens))[:, None].tolist())
 
     # ---- selection -------------------------------------------------------------------------------------------------
     def label_index(self, label: str | int | None = None) -> int:

@@ -16,13 +16,12 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from normx._torch import torch
 from normx.core.labels import is_regression
 from normx.errors import InvalidInputError, UnknownMethodError
 from normx.models import Adapter, HeadKind, get_adapter, unwrap_model
 
 if TYPE_CHECKING:
-    import torch
-
     from normx.core.forward import Pass
     from normx.core.labels import LabelSpace
     from normx.methods.response import ResponseContext, ResponseRows
@@ -147,6 +146,9 @@ class Method:
     # it holds the model exclusively for a forward pass (eager attention, a model-wide switch): every other call on
     # the model waits meanwhile, so a server runs it in its lane for expensive work, never beside long work
     exclusive: bool = False
+    # its computation reads its forward pass and never differentiates: run in torch.inference_mode, which skips
+    # autograd's bookkeeping (a per-position method always is; ``grad_mode``)
+    inference: bool = False
     # response-level computation (normx.methods.response): scores a causal LM's whole response from its own passes
     # (the ablations; the gradient methods' one backward pass of the response's log-probability), which
     # explain_generation runs with scope="response"; ``response_only`` methods have no other computation (their
@@ -229,6 +231,11 @@ class Method:
         if self.cost is None:
             return 1.0
         return float(self.cost(tokens, targets, self.resolve_options(dict(options or {}))))
+
+    def grad_mode(self):
+        """The autograd mode its pass runs in: ``torch.inference_mode()`` for a method that never differentiates
+        (``inference``, ``per_position``), else ``torch.no_grad()`` (a gradient method enables gradients inside)."""
+        return torch.inference_mode() if self.inference or self.per_position else torch.no_grad()
 
     def resolve_options(self, given: Mapping[str, Any]) -> dict[str, Any]:
         """The options for one call: ``given`` over the defaults; unknown names and bad values raise."""

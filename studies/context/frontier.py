@@ -106,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", action="append", default=[], help="a method / spec to draw, once per flag "
                         "(specs hold commas; default: every one)")
     parser.add_argument("--name", action="append", default=[], help="SPEC=NAME: what a spec is called in the "
-                        "figure (e.g. budgeted:seed=0=budgeted; the last '=' splits)")
+                        "figure (e.g. budgeted:seed=0=budgeted; the last '=' splits); where a panel has two specs of "
+                        "one name, the one named later wins")
     parser.add_argument("--out", type=Path, required=True, help="the PNG to write (and FILE.json, the points)")
     args = parser.parse_args(argv)
     only = set(args.only)
@@ -116,8 +117,13 @@ def main(argv: list[str] | None = None) -> int:
         label, sep, file = given.rpartition("=")
         if not sep:
             raise SystemExit(f"give LABEL=FILE, not {given!r}")
-        panels.setdefault(label, {}).update({names.get(name, name): found for name, found
-                                             in read(Path(file), only).items() if not only or name in only})
+        chosen: dict[str, tuple[int, dict]] = {}  # name -> (the spec's place among the --name flags, its point)
+        for spec, found in read(Path(file), only).items():
+            rank = list(names).index(spec) if spec in names else -1
+            name = names.get(spec, spec)
+            if (not only or spec in only) and rank >= chosen.get(name, (-2, None))[0]:
+                chosen[name] = (rank, found)
+        panels.setdefault(label, {}).update({name: found for name, (_, found) in chosen.items()})
     if not panels:
         raise SystemExit("give at least one --budget or --report")
     draw(panels, args.out)

@@ -41,6 +41,7 @@ register_method(Method(
     "Attention weights: the mean over heads of each block's attention probabilities alpha^h_(q,j) from the query "
     "token q to each token j (grouped-query heads as the model repeats them); mean over blocks. " + _LAYERS,
     display="Attention", label_dependent=False, shares=True, reading="magnitude", predicts=True, exclusive=True,
+    inference=True,
     options=[AGGREGATE], supports=decoder_reason, query_rows=_rows("attention"),
     cost=lambda tokens, targets, options: 1.1))  # measured 0.98x a forward (SmolLM2, 64 tokens, eager)
 register_method(Method(
@@ -49,5 +50,6 @@ register_method(Method(
     "weighted by the attention and pushed through the output projection, summed over heads inside the norm; sum over "
     "blocks. Checked against the attention module's own output on every pass. " + _LAYERS,
     display="Norm-based attention", label_dependent=False, reading="magnitude", predicts=True, exclusive=True,
+    inference=True,
     options=[AGGREGATE], supports=decoder_reason, query_rows=_rows("norm_attention"),
     cost=lambda tokens, targets, options: 1.3))  # measured: all 32 steps of SmolLM2 at 64 tokens, 1.25x a forward
