@@ -11,6 +11,8 @@ alternating blocks of the ratio of one call to the call it is read against, run 
   ``model(input_ids=ids, logits_to_keep=33)``; the backbone run without its key-value cache (``use_cache=False``,
   as normx runs it: no cache kept over a long prompt) against the backbone as it runs by default; and tokenising
   the prompt alone (a part of every call that the forward on given ids does not have).
+- Last: the classifier's own forward in ``torch.inference_mode`` against ``torch.no_grad`` (normx runs a method that
+  never differentiates in the former).
 
     python -m studies.timing.standin_parts [--out FILE]
 """
@@ -96,6 +98,16 @@ def main(argv: list[str] | None = None) -> int:
          f"{paired(lambda: normx.explain(model, tokenizer, text), forward, repeat=10):.3f}× |")
     show(f"| classification, 40 tokens | the least NormXLogit call (above) | {against} | "
          f"{paired(lambda: least_normxlogit(model, tokenizer, text), forward, repeat=10):.3f}× |")
+    inputs = tokenizer(text, return_tensors="pt")
+
+    def under(mode):
+        def run():
+            with mode():
+                model(**inputs)
+        return run
+
+    inference_row = (f"| classification, 40 tokens | `model(**inputs)` in `torch.inference_mode()` | the same under "
+                     f"`torch.no_grad()` | {paired(under(torch.inference_mode), under(torch.no_grad), repeat=10):.3f}× |")
 
     length, steps = 2048, standin.STEPS
     tokenizer = standin.byte_tokenizer(length)
@@ -125,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     show(f"| generation, {ids.shape[1]:,} tokens | the forward and tokenising the prompt | "
          f"`model(input_ids=ids, logits_to_keep={steps + 1})` | "
          f"{paired(lambda: (own(), tokenize()), own, blocks=16):.3f}× |")
+    show(inference_row)
     show.save()
     return 0
 
