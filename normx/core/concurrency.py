@@ -29,7 +29,7 @@ from contextlib import contextmanager
 
 from normx._torch import nn
 from normx.models import unwrap_model
-from normx.models.structure import all_modules
+from normx.models.structure import submodules
 
 _SHARED, _EXCLUSIVE = "shared", "exclusive"
 
@@ -171,9 +171,9 @@ def pause(model: nn.Module) -> None:
 
 def _training_modules(model: nn.Module) -> list[nn.Module]:
     """Every module of ``model`` in training mode, read on each call (a user may switch any module between two calls)
-    from the model's modules as :func:`normx.models.structure.all_modules` keeps them (walking the tree on every call
+    from the model's modules as :func:`normx.models.structure.submodules` keeps them (walking the tree on every call
     costs more than a small model's forward pass on a short text)."""
-    return [module for module in all_modules(model) if module.training]
+    return [module for module in (model, *submodules(model)) if module.training]
 
 
 @contextmanager

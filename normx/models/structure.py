@@ -48,7 +48,7 @@ def tree_version() -> int:
 def kept(model: nn.Module, what, make: Callable[[], T]) -> T:
     """``make()`` for ``model`` (``what``: a key naming what it makes), kept while the model lives and no module tree
     has changed since it was made. ``make`` must read only ``model``'s module tree (not its parameters' values,
-    devices or training flags)."""
+    devices or training flags), and what it returns must not hold ``model`` itself (it would never be freed)."""
     version = tree_version()
     with _LOCK:
         found = _KEPT.get(model, {}).get(what)
@@ -60,14 +60,15 @@ def kept(model: nn.Module, what, make: Callable[[], T]) -> T:
     return value
 
 
-def all_modules(model: nn.Module) -> tuple[nn.Module, ...]:
-    """Every module of ``model``, each once (a module shared across the stack too), read from the instance dicts
-    directly (``model.modules()`` builds every module's name), kept (:func:`kept`)."""
+def submodules(model: nn.Module) -> tuple[nn.Module, ...]:
+    """Every module inside ``model`` (not ``model`` itself: a kept value must not hold its key), each once (a module
+    shared across the stack too), read from the instance dicts directly (``model.modules()`` builds every module's
+    name), kept (:func:`kept`)."""
     return kept(model, "modules", lambda: _walk(model))
 
 
 def _walk(model: nn.Module) -> tuple[nn.Module, ...]:
-    found, stack, seen = [], [model], set()
+    found, stack, seen = [], list(model.__dict__["_modules"].values()), {id(model)}
     while stack:
         module = stack.pop()
         if module is None or id(module) in seen:  # (a child registered as None)

@@ -232,3 +232,17 @@ def test_a_block_replaced_after_first_use_is_the_one_hooked():
 class PassThrough(torch.nn.Module):
     def forward(self, hidden, *args, **kwargs):
         return hidden
+
+
+def test_a_model_explained_is_freed_when_dropped():
+    """What normx keeps of a model between calls (its lock, its verified adapter, its modules and hook points) does
+    not keep the model alive."""
+    import gc
+    import weakref
+
+    model, tokenizer = tiny.build("BertForSequenceClassification", fresh=True)
+    normx.explain(model, tokenizer, TEXTS[1], layer="all")
+    gone = weakref.ref(model)
+    del model
+    gc.collect()
+    assert gone() is None
