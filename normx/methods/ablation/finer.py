@@ -3,8 +3,8 @@ estimator, within the one budget. The sources (passages, paragraphs, documents) 
 the budget (:data:`COARSE_SHARE` of what is left after the whole pass); then the sentences of the :data:`REFINED`
 sources that weigh most are removed in designed masks of their own, every other source kept, with the rest of the
 budget, and a surrogate fitted on those masks scores each of them. A refined source's tokens get their sentences'
-scores, every other source keeps its own: the answer's evidence sentence stands out of its passage, at the price of
-fewer masks for the passages.
+weights, shifted to sum to the source's own (:func:`on_footing`), every other source keeps its own: the answer's
+evidence sentence stands out of its passage, at the price of fewer masks for the passages.
 """
 
 from __future__ import annotations
@@ -78,11 +78,19 @@ def refine(ctx: ResponseContext, sources: list[list[int]], weights: np.ndarray, 
         if j in chosen:
             count = len(chosen[j])
             out_sources += chosen[j]
-            out_weights += list(unit_weights[at:at + count])
+            out_weights += list(on_footing(unit_weights[at:at + count], weights[j]))
             at += count
         else:
             out_sources.append(members)
             out_weights.append(weights[j])
     settings = {"sources": sorted(chosen), "sentences": [[m[0], m[-1] + 1] for m in units], "masks": len(masks),
-                "sentence_weights": unit_weights.tolist()}
+                "sentence_weights": unit_weights.tolist(),
+                "rows": "a refined source's sentences: their weights, shifted alike to sum to the source's own"}
     return Refined(out_sources, np.asarray(out_weights, np.float64), settings, units, masks)
+
+
+def on_footing(found: np.ndarray, total: float) -> np.ndarray:
+    """A refined source's sentence weights ``found`` (fitted with every other source kept) on the footing of the
+    sources' weights: shifted, each by the same amount, to sum to the source's own weight ``total``. Their differences
+    stay the fitted ones; the source's share against the other sources stays its own, as the sources' fit has it."""
+    return found + (total - found.sum()) / len(found)
