@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import unicodedata
 import warnings as _warnings
 from collections.abc import Iterator, Sequence
@@ -104,13 +105,18 @@ def _plain_encoding(tokenizer, backend) -> bool:
     """Whether ``tokenizer(text)`` is its backend's ``encode_batch([text])`` as it stands: transformers' own call and
     encoding (no subclass's), no input / target mode, and nothing set on the backend that the call would change first
     (truncation, padding, the splitting of special tokens)."""
-    kind = type(tokenizer)
-    return (backend is not None and hasattr(backend, "encode_batch_fast")
-            and getattr(kind.__call__, "__qualname__", "") == "PreTrainedTokenizerBase.__call__"
-            and getattr(getattr(kind, "_encode_plus", None), "__qualname__", "") == "TokenizersBackend._encode_plus"
-            and not hasattr(tokenizer, "_switch_to_input_mode")
+    return (backend is not None and _plain_class(type(tokenizer)) and hasattr(backend, "encode_batch_fast")
             and backend.truncation is None and backend.padding is None
             and backend.encode_special_tokens == bool(getattr(tokenizer, "split_special_tokens", False)))
+
+
+@functools.cache
+def _plain_class(kind: type) -> bool:
+    """The class's call and encoding are transformers' own (no subclass's), with no input / target mode (read once per
+    class: a tokenizer's attributes are slow to read)."""
+    return (getattr(kind.__call__, "__qualname__", "") == "PreTrainedTokenizerBase.__call__"
+            and getattr(getattr(kind, "_encode_plus", None), "__qualname__", "") == "TokenizersBackend._encode_plus"
+            and not hasattr(kind, "_switch_to_input_mode"))
 
 
 def pad_token_id(tokenizer) -> int | None:
@@ -169,17 +175,19 @@ def encode(tokenizer, texts: list[str], pairs: list[str] | None, max_length: int
             warnings.append(f"{what}: truncated to {max_length} tokens")
         ids, offsets, seq_ids, special, extra = parts
         warnings.extend(unknown_pieces(tokenizer, ids, offsets, text, pair, seq_ids))
-        segments = _segments(seq_ids, special)
+        segments = _segments(seq_ids, special, pair is not None)
         out.append(Encoded(text=text, text_pair=pair, ids=ids, tokens=vocabulary_names(tokenizer, ids),
                            offsets=offsets, segments=segments, special=special, extra=extra, warnings=warnings))
     return out
 
 
-def _segments(sequence_ids: list | None, special: list[bool]) -> list[int]:
+def _segments(sequence_ids: list | None, special: list[bool], pair: bool) -> list[int]:
     """Each token's text (0 = text, 1 = text_pair; -1 = a special token or one of no text), without a Python loop
-    over the tokens."""
+    over the tokens: a single text's tokens are all of it but the special ones (which alone have no sequence)."""
     if sequence_ids is None:
         return [-1] * len(special)
+    if not pair:
+        return (-np.array(special, np.int64)).tolist()
     which = np.array(sequence_ids, dtype=np.float64)  # (None -> nan)
     return np.where(np.isnan(which) | np.array(special, dtype=bool), -1, np.nan_to_num(which)).astype(int).tolist()
 
