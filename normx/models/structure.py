@@ -2,12 +2,15 @@
 
 Walking a model's modules on every call (which are in training mode, which blocks to hook) costs more than a small
 model's forward pass on a short text, and a 7B decoder has some 400 modules. So such facts are kept per model
-(:func:`kept`) and read again whenever any module tree in the process has changed since: torch calls its global
-module-registration hooks for every submodule assigned or registered (``setattr``, ``add_module``,
-``register_module``: construction, PEFT's injection and unloading, a user replacing a layer), and the one
-installed here only counts those calls (it returns None, so nothing registered is changed). A tree changed without
-torch's registration (writing ``module._modules`` directly) is not seen; nothing in torch, transformers or PEFT
-does that.
+(:func:`kept`) and read again once the tree has changed. Two signs of a change, checked on every use: torch calls
+its global module-registration hooks for every submodule assigned or registered (``setattr``, ``add_module``,
+``register_module``: construction, PEFT's injection and unloading, a user replacing a layer), and the one installed
+here only counts those calls (it returns None, so nothing registered is changed); and the containers, whose
+children change without a registration (``ModuleList.insert`` and ``Sequential.insert`` write them directly, a
+deletion removes one or rebinds the container's dict of children), are compared on each use: each one's dict of
+children and their number (a few pairs of integers: a model has a container or two of blocks). A module deleted
+from a plain module (``del module.child``) is not seen: it stays among the kept modules, whose training flags are
+then read (and switched, for a pass in eval mode) with the rest, which changes nothing the model runs.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import itertools
 import threading
 import weakref
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 from normx._torch import nn
@@ -24,7 +28,7 @@ T = TypeVar("T")
 
 _COUNTER = itertools.count(1)
 _version = 0  # the number of module registrations seen (in any module tree of the process)
-_KEPT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {what: (version, value)}
+_KEPT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> _Tree
 _LOCK = threading.Lock()
 
 
@@ -45,26 +49,62 @@ def tree_version() -> int:
     return _version
 
 
-def kept(model: nn.Module, what, make: Callable[[], T]) -> T:
-    """``make()`` for ``model`` (``what``: a key naming what it makes), kept while the model lives and no module tree
-    has changed since it was made. ``make`` must read only ``model``'s module tree (not its parameters' values,
-    devices or training flags), and what it returns must not hold ``model`` itself (it would never be freed)."""
+@dataclass
+class _Tree:
+    """A model's submodules as last walked, the registration count then, its containers (module lists, sequences
+    and dicts) and their children then, and what was made from them."""
+
+    version: int
+    modules: tuple
+    containers: tuple
+    children: list[tuple[int, int]]
+    made: dict = field(default_factory=dict)
+
+
+_CONTAINERS = ("ModuleList", "Sequential", "ModuleDict")
+
+
+def _containers(model: nn.Module, modules: tuple) -> tuple:
+    kinds = tuple(getattr(nn, name) for name in _CONTAINERS)
+    return tuple(module for module in (model, *modules) if isinstance(module, kinds))
+
+
+def _children(containers: tuple) -> list[tuple[int, int]]:
+    """Each container's children as (which dict, how many): a deletion from a list or a sequence rebinds its dict, an
+    insertion grows it."""
+    dicts = [container.__dict__["_modules"] for container in containers]
+    return [(id(children), len(children)) for children in dicts]
+
+
+def _tree(model: nn.Module) -> _Tree:
     version = tree_version()
     with _LOCK:
-        found = _KEPT.get(model, {}).get(what)
-    if found is not None and found[0] == version:
-        return found[1]
-    value = make()
+        tree = _KEPT.get(model)
+    if tree is not None and tree.version == version and tree.children == _children(tree.containers):
+        return tree
+    modules = _walk(model)
+    containers = _containers(model, modules)
+    tree = _Tree(version, modules, containers, _children(containers))
     with _LOCK:
-        _KEPT.setdefault(model, {})[what] = (version, value)
-    return value
+        _KEPT[model] = tree
+    return tree
+
+
+def kept(model: nn.Module, what, make: Callable[[], T]) -> T:
+    """``make()`` for ``model`` (``what``: a key naming what it makes), kept while the model lives and its module
+    tree stays as it was. ``make`` must read only ``model``'s module tree (not its parameters' values, devices or
+    training flags), and what it returns must not hold ``model`` itself (it would never be freed)."""
+    made = _tree(model).made
+    if what not in made:
+        made[what] = make()  # (two threads may both make it: the same value)
+    return made[what]
 
 
 def submodules(model: nn.Module) -> tuple[nn.Module, ...]:
     """Every module inside ``model`` (not ``model`` itself: a kept value must not hold its key), each once (a module
     shared across the stack too), read from the instance dicts directly (``model.modules()`` builds every module's
-    name), kept (:func:`kept`)."""
-    return kept(model, "modules", lambda: _walk(model))
+    name), kept until the tree changes."""
+    return _tree(model).modules
 
 
 def _walk(model: nn.Module) -> tuple[nn.Module, ...]:

@@ -229,6 +229,22 @@ def test_a_block_replaced_after_first_use_is_the_one_hooked():
     assert not np.allclose(before[:, 2], before[:, 1])
 
 
+def test_blocks_inserted_and_deleted_without_a_registration_are_seen():
+    """``ModuleList.insert`` writes its children directly and a deletion rebinds them, neither through torch's
+    registration hooks: the kept structure sees both (normx.models.structure compares the containers)."""
+    model, tokenizer = tiny.build("BertForSequenceClassification", fresh=True)
+    before = normx.explain(model, tokenizer, TEXTS[1], target=0, layer="all").scores  # layers 0..2
+    layers = model.bert.encoder.layer
+    layers.insert(0, PassThrough())
+    after = normx.explain(model, tokenizer, TEXTS[1], target=0, layer="all").scores
+    assert after.shape[1] == before.shape[1] + 1
+    np.testing.assert_allclose(after[:, 1], before[:, 0], rtol=1e-5, atol=1e-6)  # block 1 passes x^0 on
+    np.testing.assert_allclose(after[:, 2:], before[:, 1:], rtol=1e-5, atol=1e-6)
+    del layers[0]
+    again = normx.explain(model, tokenizer, TEXTS[1], target=0, layer="all").scores
+    np.testing.assert_allclose(again, before, rtol=1e-5, atol=1e-6)
+
+
 class PassThrough(torch.nn.Module):
     def forward(self, hidden, *args, **kwargs):
         return hidden
