@@ -26,12 +26,15 @@ import threading
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
+from operator import attrgetter
 
 from normx._torch import nn
 from normx.models import unwrap_model
 from normx.models.structure import submodules
 
 _SHARED, _EXCLUSIVE = "shared", "exclusive"
+_FREE = (None, 0)
+_TRAINING = attrgetter("training")
 
 
 class ModelLock:
@@ -52,12 +55,12 @@ class ModelLock:
         self._writers_waiting = 0
         self._local = threading.local()
 
-    # this thread's hold: (mode or None, depth)
+    # this thread's hold: (mode or None, depth), one attribute of the thread-local (read on every call)
     def _hold(self) -> tuple[str | None, int]:
-        return getattr(self._local, "mode", None), getattr(self._local, "depth", 0)
+        return getattr(self._local, "hold", _FREE)
 
     def _set(self, mode: str | None, depth: int) -> None:
-        self._local.mode, self._local.depth = mode, depth
+        self._local.hold = (mode, depth)
 
     def _acquire_shared(self) -> None:
         with self._cond:
@@ -176,6 +179,11 @@ def _training_modules(model: nn.Module) -> list[nn.Module]:
     return [module for module in (model, *submodules(model)) if module.training]
 
 
+def _any_training(model: nn.Module) -> bool:
+    """Whether any module of ``model`` is in training mode (:func:`_training_modules`, read in C: once per call)."""
+    return model.training or any(map(_TRAINING, submodules(model)))
+
+
 @contextmanager
 def using(model: nn.Module, lock: ModelLock | None = None) -> Iterator[None]:
     """A stretch of normx work on ``model`` (one batch: its forward passes and head calls) in eval mode.
@@ -187,7 +195,7 @@ def using(model: nn.Module, lock: ModelLock | None = None) -> Iterator[None]:
     """
     lock = model_lock(model) if lock is None else lock
     with lock.shared():  # the flags are read under the lock: nobody is switching them meanwhile
-        if lock.held_by_this_thread == _EXCLUSIVE or not _training_modules(model):
+        if lock.held_by_this_thread == _EXCLUSIVE or not _any_training(model):
             yield  # (inside an exclusive hold the caller already switched what it needs)
             return
     with lock.exclusive(), _eval_mode(model):  # a model in training mode

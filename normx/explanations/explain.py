@@ -15,6 +15,7 @@ from normx.core.handle import ModelHandle, model_handle
 from normx.core.inputs import Encoded, batches, encode, positive_int, resolve_max_length, text_inputs, warn_user
 from normx.core.labels import LabelSpace
 from normx.errors import InvalidInputError, LayerOutOfRangeError, PairNotSupportedError, PairRequiredError
+from normx.explanations.kept_plans import kept_plan, key_of
 from normx.explanations.result import Explanation, Explanations
 from normx.methods import Context, Method, get_method
 from normx.models import Adapter, HeadKind, first_parameter
@@ -143,12 +144,40 @@ class BatchAttribution:
 def prepare(model, tokenizer, method: str = "normxlogit", target=None, layer=None, *, foil=None,
             embedding: str = "layer", pair: bool = False, **options) -> Plan:
     """Check and resolve :func:`explain`'s arguments (same meaning; ``pair``: text pairs will be given) into a
-    :class:`Plan` for :func:`attribute_batch`."""
+    :class:`Plan` for :func:`attribute_batch`. What it resolves is kept for the next call with the same model,
+    tokenizer and arguments, while the model's config and module tree stay as they were
+    (:mod:`normx.explanations.kept_plans`)."""
     chosen = get_method(method)
+    handle = model_handle(model)
+    base, adapter = handle.base, handle.adapter
+    tokens = adapter.kind.vocabulary and (target is not None or foil is not None)  # resolved from the vocabulary
+    key = None if tokens else key_of(target, layer, foil, embedding, pair, options)
+    resolved = kept_plan(base, tokenizer, key and (chosen.name, id(chosen), *key),  # (the value holds chosen)
+                         lambda: _resolve(handle, tokenizer, chosen, target, layer, foil, embedding, pair, options))
+    mask_token_id = tokenizer.mask_token_id if adapter.kind is HeadKind.MASKED_LM else None  # (read where used)
+    return Plan(handle, chosen, dict(resolved.options), resolved.labels, resolved.target_columns,
+                resolved.foil_column, resolved.layers, embedding, mask_token_id, resolved.reads)
+
+
+@dataclass(frozen=True)
+class _Resolved:
+    """What :func:`prepare` resolves of its arguments against the model's config and module tree (kept: it holds no
+    model)."""
+
+    method: Method
+    options: dict
+    labels: LabelSpace
+    target_columns: list[int] | None
+    foil_column: int | None
+    layers: list[int]
+    reads: tuple[int, ...]
+
+
+def _resolve(handle: ModelHandle, tokenizer, chosen: Method, target, layer, foil, embedding: str, pair: bool,
+             options: dict) -> _Resolved:
     options = chosen.resolve_options(options)
     if embedding not in EMBEDDINGS:
         raise InvalidInputError(f"embedding={embedding!r} is not allowed; use one of {EMBEDDINGS}")
-    handle = model_handle(model)
     base, adapter = handle.base, handle.adapter
     if pair and (adapter.kind is not HeadKind.SEQUENCE_CLASSIFICATION
                  or getattr(base.config, "normx_inputs", "pair") == "single"):
@@ -171,9 +200,8 @@ def prepare(model, tokenizer, method: str = "normxlogit", target=None, layer=Non
                                 f"scores; leave layer unset (got layer={layer!r})")
     else:
         layers = [0]
-    mask_token_id = tokenizer.mask_token_id if adapter.kind is HeadKind.MASKED_LM else None  # (read where used)
-    return Plan(handle, chosen, options, labels, target_columns, foil_column, layers, embedding, mask_token_id,
-                tuple(chosen.capture(layers, num_layers, options)))
+    return _Resolved(chosen, options, labels, target_columns, foil_column, layers,
+                     tuple(chosen.capture(layers, num_layers, options)))
 
 
 def attribute_batch(plan: Plan, inputs: dict[str, torch.Tensor], columns: torch.Tensor | None = None,

@@ -4,8 +4,10 @@ Walking a model's modules on every call (which are in training mode, which block
 model's forward pass on a short text, and a 7B decoder has some 400 modules. So such facts are kept per model
 (:func:`kept`) and read again once the tree has changed. Two signs of a change, checked on every use: torch calls
 its global module-registration hooks for every submodule assigned or registered (``setattr``, ``add_module``,
-``register_module``: construction, PEFT's injection and unloading, a user replacing a layer), and the one installed
-here only counts those calls (it returns None, so nothing registered is changed); and the containers, whose
+``register_module``: PEFT's injection and unloading, a user replacing a layer), and the one installed here only
+counts those calls into a module of a kept tree (it returns None, so nothing registered is changed; a registration
+into any other module, such as the new module list a decoder's forward makes of its blocks' slice on every pass or
+a model being built, changes no kept tree); and the containers, whose
 children change without a registration (``ModuleList.insert`` and ``Sequential.insert`` write them directly, a
 deletion removes one or rebinds the container's dict of children), are compared on each use: each one's dict of
 children and their number (a few pairs of integers: a model has a container or two of blocks). A module deleted
@@ -32,16 +34,21 @@ _KEPT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> _Tree
 _LOCK = threading.Lock()
 
 
-def _registered(_module, _name, _submodule) -> None:
+_KNOWN: weakref.WeakSet = weakref.WeakSet()  # every module of a kept tree (the models' own and their submodules)
+
+
+def _registered(module, _name, _submodule) -> None:
     global _version
-    _version = next(_COUNTER)  # (next() on a count is atomic under the GIL)
+    if module in _KNOWN:  # a registration into a module no kept tree holds changes none (a module list that a
+        _version = next(_COUNTER)  # decoder's forward slices, a model being built); (next() is atomic under the GIL)
 
 
 _installed: list = []  # the hook's handle, once installed (on first use: importing normx does not import torch)
 
 
 def tree_version() -> int:
-    """A number that changes whenever a submodule is registered anywhere in the process (from the first call on)."""
+    """A number that changes whenever a submodule is registered into a module of a kept tree (from the first call
+    on)."""
     if not _installed:
         with _LOCK:
             if not _installed:
@@ -86,6 +93,8 @@ def _tree(model: nn.Module) -> _Tree:
     containers = _containers(model, modules)
     tree = _Tree(version, modules, containers, _children(containers))
     with _LOCK:
+        _KNOWN.add(model)
+        _KNOWN.update(modules)
         _KEPT[model] = tree
     return tree
 

@@ -245,6 +245,21 @@ def test_blocks_inserted_and_deleted_without_a_registration_are_seen():
     np.testing.assert_allclose(again, before, rtol=1e-5, atol=1e-6)
 
 
+def test_a_decoders_own_forward_keeps_what_is_kept_of_it():
+    """Llama's forward slices its block list into a new module list on every pass (each block registered into a
+    list no model holds): what normx keeps of the model outlives the pass, and a registration into the model itself
+    is still seen."""
+    from normx.models.structure import submodules
+
+    model, tokenizer = tiny.build("LlamaForCausalLM", fresh=True)
+    modules = submodules(model)
+    with torch.no_grad():
+        model(**tokenizer(TEXTS[1], return_tensors="pt"))
+    assert submodules(model) is modules
+    model.lm_head = torch.nn.Linear(model.lm_head.in_features, model.lm_head.out_features, bias=False)
+    assert submodules(model) is not modules and model.lm_head in submodules(model)
+
+
 class PassThrough(torch.nn.Module):
     def forward(self, hidden, *args, **kwargs):
         return hidden

@@ -1,0 +1,83 @@
+"""What ``explain`` resolves of its arguments is kept between calls (normx.explanations.kept_plans), and made anew
+whenever what it was read from changes: the config, the tokenizer, the module tree, the arguments."""
+
+import copy
+
+import numpy as np
+import pytest
+import tiny
+import torch
+
+import normx
+from normx.explanations import kept_plans
+from normx.explanations.explain import prepare
+
+TEXT = tiny.TEXTS[0]
+
+
+@pytest.fixture
+def bert():
+    return tiny.build("BertForSequenceClassification", fresh=True)
+
+
+def test_a_plan_is_kept_for_the_same_model_tokenizer_and_arguments(bert):
+    model, tokenizer = bert
+    first = prepare(model, tokenizer)
+    assert prepare(model, tokenizer).labels is first.labels  # kept
+    assert prepare(model, tokenizer, target=1).labels is not first.labels  # other arguments: another entry
+    assert prepare(model, tokenizer, target=[0, 1]).labels is prepare(model, tokenizer, target=(0, 1)).labels
+    assert prepare(model, tokenizer, layer=1).layers == [1]
+    assert prepare(model, tokenizer).layers == [model.config.num_hidden_layers]
+    other = copy.deepcopy(tokenizer)
+    assert prepare(model, other).labels is not first.labels and prepare(model, other).labels.tokenizer is other
+
+
+def test_a_changed_config_makes_the_plan_anew(bert):
+    model, tokenizer = bert
+    names = normx.explain(model, tokenizer, TEXT, target="all").labels
+    model.config.id2label[1] = "renamed"  # in place: the kept copy is a deep one
+    assert normx.explain(model, tokenizer, TEXT, target="all").labels == [names[0], "renamed", *names[2:]]
+    model.config.problem_type = "multi_label_classification"
+    result = normx.explain(model, tokenizer, TEXT)
+    with torch.no_grad():
+        logits = model(**tokenizer(TEXT, return_tensors="pt")).logits[0]
+    np.testing.assert_allclose(list(result.probabilities.values()), logits.sigmoid().numpy(), rtol=1e-5)
+
+
+def test_a_replaced_block_makes_the_plan_anew(bert):
+    model, tokenizer = bert
+    layers = prepare(model, tokenizer, layer="all").layers
+    model.bert.encoder.layer.append(copy.deepcopy(model.bert.encoder.layer[-1]))
+    assert prepare(model, tokenizer, layer="all").layers == [*layers, len(layers)]
+
+
+def test_calls_with_arguments_that_have_no_key_are_made_each_time(bert):
+    model, tokenizer = bert
+    baselines = torch.zeros(1)
+    assert kept_plans.key_of(None, {"baselines": baselines}) is None
+    assert kept_plans.key_of(1, True) != kept_plans.key_of(True, 1)  # True is not 1 here
+    first = prepare(model, tokenizer, layer=np.int64(1))  # not a plain int: resolved on every call
+    assert prepare(model, tokenizer, layer=np.int64(1)).labels is not first.labels
+    assert first.layers == [1]
+
+
+def test_at_most_size_entries_are_kept_per_model(bert):
+    model, tokenizer = bert
+    made = [copy.deepcopy(tokenizer) for _ in range(kept_plans.SIZE + 3)]
+    for other in made:
+        prepare(model, other)
+    from normx.models.structure import kept
+
+    store = kept(model, "plans", dict)
+    assert len(store) == kept_plans.SIZE
+    assert all(entry.tokenizer is not made[0] for entry in store.values())  # the oldest went first
+
+
+def test_a_vocabulary_target_is_resolved_on_every_call():
+    model, shared = tiny.build("BertForMaskedLM", fresh=True)
+    tokenizer = copy.deepcopy(shared)  # (the tests' tokenizers are shared: this one gets a token added)
+    token = tokenizer.convert_ids_to_tokens(7)
+    assert prepare(model, tokenizer, target=token).target_columns == [7]
+    tokenizer.add_tokens(["zzzqqq"])
+    assert prepare(model, tokenizer, target="zzzqqq").target_columns == [tokenizer.convert_tokens_to_ids("zzzqqq")]
+    assert prepare(model, tokenizer).labels is prepare(model, tokenizer).labels  # no target: kept
