@@ -155,8 +155,9 @@ def prepare(model, tokenizer, method: str = "normxlogit", target=None, layer=Non
     resolved = kept_plan(base, tokenizer, key and (chosen.name, id(chosen), *key),  # (the value holds chosen)
                          lambda: _resolve(handle, tokenizer, chosen, target, layer, foil, embedding, pair, options))
     mask_token_id = tokenizer.mask_token_id if adapter.kind is HeadKind.MASKED_LM else None  # (read where used)
-    return Plan(handle, chosen, dict(resolved.options), resolved.labels, resolved.target_columns,
-                resolved.foil_column, resolved.layers, embedding, mask_token_id, resolved.reads)
+    columns = None if resolved.target_columns is None else list(resolved.target_columns)  # (a caller's own copies)
+    return Plan(handle, chosen, dict(resolved.options), resolved.labels, columns, resolved.foil_column,
+                list(resolved.layers), embedding, mask_token_id, resolved.reads)
 
 
 @dataclass(frozen=True)
