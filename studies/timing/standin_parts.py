@@ -11,6 +11,9 @@ alternating blocks of the ratio of one call to the call it is read against, run 
   ``model(input_ids=ids, logits_to_keep=33)``; the backbone run without its key-value cache (``use_cache=False``,
   as normx runs it: no cache kept over a long prompt) against the backbone as it runs by default; and tokenising
   the prompt alone (a part of every call that the forward on given ids does not have).
+- Batch-1 classification split: ``attribute_batch(prepare(model, tokenizer), inputs)`` (the call's arguments resolved,
+  then its pass on the encoded text: lock, hooks, backbone, head on every position, scores) against ``model(**inputs)``
+  on the same encoded text, so that what the call adds before and after its pass (tokenising, results) is the rest.
 - Last: the classifier's own forward in ``torch.inference_mode`` against ``torch.no_grad`` (normx runs a method that
   never differentiates in the former).
 
@@ -99,6 +102,18 @@ def main(argv: list[str] | None = None) -> int:
     show(f"| classification, 40 tokens | the least NormXLogit call (above) | {against} | "
          f"{paired(lambda: least_normxlogit(model, tokenizer, text), forward, repeat=10):.3f}× |")
     inputs = tokenizer(text, return_tensors="pt")
+    from normx.explanations.explain import attribute_batch, prepare
+
+    def given():
+        with torch.no_grad():
+            model(**inputs)
+
+    def pass_only():  # the arguments resolved (kept) and the batch's NormXLogit pass, on the encoded text
+        attribute_batch(prepare(model, tokenizer), inputs)
+
+    show(f"| classification, 40 tokens | `attribute_batch(prepare(model, tokenizer), inputs)`: the resolved call's "
+         f"pass on the encoded text, without tokenising or result objects | `model(**inputs)` on the same encoded "
+         f"text | {paired(pass_only, given, repeat=10):.3f}× |")
 
     def under(mode):
         def run():
