@@ -15,7 +15,7 @@ alternating blocks of the ratio of one call to the call it is read against, run 
   then its pass on the encoded text: lock, hooks, backbone, head on every position, scores) against ``model(**inputs)``
   on the same encoded text, so that what the call adds before and after its pass (tokenising, results) is the rest.
 - Last: the classifier's own forward in ``torch.inference_mode`` against ``torch.no_grad`` (normx runs a method that
-  never differentiates in the former).
+  never differentiates in the former); and whether compiling the reading's own work pays (:func:`compiled_reading`).
 
     python -m studies.timing.standin_parts [--out FILE]
 """
@@ -71,6 +71,41 @@ def least_normxlogit(model, tokenizer, text: str):
             torch.softmax(every[0], -1).tolist())
 
 
+def compiled_reading(model, inputs, given, paired) -> str:
+    """The row of the reading's own work beside the forward (the model's pooler and classifier on every position, the
+    predicted label, the product with the input norms) compiled by ``torch.compile(dynamic=True)`` against the same in
+    eager mode, each right after the model's forward on the encoded text; the compiled reading is checked to equal
+    the eager one, and its first call (the compilation) is timed."""
+    import torch
+
+    with torch.no_grad():
+        out = model(**inputs, output_hidden_states=True)
+    hidden, norms = out.hidden_states[-1][0], out.hidden_states[0][0].norm(dim=-1)
+
+    def reading(h, x0):
+        every = model.classifier(model.bert.pooler(h[:, None, :]))  # each token as the pooled one
+        return x0 * every[:, every[0].argmax()]
+
+    compiled = torch.compile(reading, dynamic=True)
+    with torch.inference_mode():
+        started = time.perf_counter()
+        got = compiled(hidden, norms)
+        took = time.perf_counter() - started
+        torch.testing.assert_close(got, reading(hidden, norms), rtol=1e-5, atol=1e-6)
+
+    def after_forward(fn):
+        def run():
+            given()
+            with torch.inference_mode():
+                fn(hidden, norms)
+        return run
+
+    ratio = paired(after_forward(compiled), after_forward(reading), repeat=10)
+    return (f"| classification, 40 tokens | the forward, then the reading's own work (the head on every position, the "
+            f"label, the product) under `torch.compile(dynamic=True)` (first call {took:.0f} s) | the forward, then "
+            f"the same reading in eager mode | {ratio:.3f}× |")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m studies.timing.standin_parts",
                                      description=__doc__.split("\n\n")[0])
@@ -124,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     modes = paired(under(torch.inference_mode), under(torch.no_grad), repeat=10)
     inference_row = (f"| classification, 40 tokens | `model(**inputs)` in `torch.inference_mode()` | the same under "
                      f"`torch.no_grad()` | {modes:.3f}× |")
+    compile_row = compiled_reading(model, inputs, given, paired)
 
     length, steps = 2048, standin.STEPS
     tokenizer = standin.byte_tokenizer(length)
@@ -154,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
          f"`model(input_ids=ids, logits_to_keep={steps + 1})` | "
          f"{paired(lambda: (own(), tokenize()), own, blocks=16):.3f}× |")
     show(inference_row)
+    show(compile_row)
     show.save()
     return 0
 
