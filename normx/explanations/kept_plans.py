@@ -7,7 +7,8 @@ explains one text at a time pays it on every call. So what it resolves is kept, 
 only while nothing it was read from has changed:
 
 - the config: a deep copy of its attributes is kept with the entry and compared with them on each use (a user who
-  renames a label, or switches ``problem_type``, gets a plan made anew);
+  renames a label, or switches ``problem_type``, gets a plan made anew); a config that cannot be copied, or whose
+  copy does not compare equal to it (an attribute without ``__eq__``), gets its plan made on every call;
 - the tokenizer: the entry holds the tokenizer it was made with and is used for that one only (held, so that its
   identity cannot pass to another tokenizer); what a plan reads of a tokenizer's vocabulary (a vocabulary head's
   target tokens) is not kept at all (:func:`cacheable` says which calls are);
@@ -74,6 +75,8 @@ def kept_plan(base, tokenizer, key: tuple | None, make: Callable[[], T]) -> T:
     try:
         snapshot = copy.deepcopy(config)
     except Exception:  # (a config attribute that cannot be copied: the plan is not kept)
+        return value
+    if not _same(snapshot, config):  # an attribute unequal to its own copy (no __eq__): it would never be used
         return value
     with _LOCK:
         store[full] = _Entry(tokenizer, snapshot, value)

@@ -81,3 +81,13 @@ def test_a_vocabulary_target_is_resolved_on_every_call():
     tokenizer.add_tokens(["zzzqqq"])
     assert prepare(model, tokenizer, target="zzzqqq").target_columns == [tokenizer.convert_tokens_to_ids("zzzqqq")]
     assert prepare(model, tokenizer).labels is prepare(model, tokenizer).labels  # no target: kept
+
+
+def test_a_config_unequal_to_its_own_copy_is_not_kept(bert):
+    model, tokenizer = bert
+    model.config.opaque = object()  # compared by identity: a deep copy never equals it
+    first = prepare(model, tokenizer)
+    assert prepare(model, tokenizer).labels is not first.labels
+    from normx.models.structure import kept
+
+    assert not kept(model, "plans", dict)
