@@ -34,13 +34,23 @@ _KEPT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> _Tree
 _LOCK = threading.Lock()
 
 
-_KNOWN: weakref.WeakSet = weakref.WeakSet()  # every module of a kept tree (the models' own and their submodules)
+# every module of a kept tree (the models' own and their submodules), by id: a module class may be unhashable
+_KNOWN: dict[int, weakref.ref] = {}
 
 
 def _registered(module, _name, _submodule) -> None:
     global _version
-    if module in _KNOWN:  # a registration into a module no kept tree holds changes none (a module list that a
-        _version = next(_COUNTER)  # decoder's forward slices, a model being built); (next() is atomic under the GIL)
+    known = _KNOWN.get(id(module))
+    if known is not None and known() is module:  # a registration into a module no kept tree holds changes none (a
+        _version = next(_COUNTER)  # module list a decoder's forward slices, a model being built); (atomic: the GIL)
+
+
+def _know(module: nn.Module) -> None:
+    """Count registrations into ``module`` from now on (its entry goes when it does)."""
+    key = id(module)
+    known = _KNOWN.get(key)
+    if known is None or known() is not module:
+        _KNOWN[key] = weakref.ref(module, lambda ref: _KNOWN.pop(key) if _KNOWN.get(key) is ref else None)
 
 
 _installed: list = []  # the hook's handle, once installed (on first use: importing normx does not import torch)
@@ -93,8 +103,8 @@ def _tree(model: nn.Module) -> _Tree:
     containers = _containers(model, modules)
     tree = _Tree(version, modules, containers, _children(containers))
     with _LOCK:
-        _KNOWN.add(model)
-        _KNOWN.update(modules)
+        for module in (model, *modules):
+            _know(module)
         _KEPT[model] = tree
     return tree
 

@@ -260,6 +260,33 @@ def test_a_decoders_own_forward_keeps_what_is_kept_of_it():
     assert submodules(model) is not modules and model.lm_head in submodules(model)
 
 
+def test_a_model_with_an_unhashable_module_is_explained_and_changes_to_it_seen():
+    """A module class may define ``__eq__`` without ``__hash__`` (a dataclass does): normx keeps such a model's modules
+    by identity, and a block replaced after first use is still the one read."""
+    model, tokenizer = tiny.build("BertForSequenceClassification", fresh=True)
+    model.classifier = Unhashable(model.classifier)
+    with pytest.raises(TypeError):
+        hash(model.classifier)
+    before = normx.explain(model, tokenizer, TEXTS[1], target=0, layer="all").scores
+    model.bert.encoder.layer[1] = PassThrough()
+    after = normx.explain(model, tokenizer, TEXTS[1], target=0, layer="all").scores
+    np.testing.assert_allclose(after[:, 2], before[:, 1], rtol=1e-5, atol=1e-6)
+
+
+class Unhashable(torch.nn.Module):
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, hidden):
+        return self.inner(hidden)
+
+    def __eq__(self, other):
+        return self is other
+
+    __hash__ = None
+
+
 class PassThrough(torch.nn.Module):
     def forward(self, hidden, *args, **kwargs):
         return hidden
