@@ -87,10 +87,10 @@ class BlockScores:
         models), keys that are padding zeroed."""
         import torch
 
+        k = self.keys if keys is None else self.keys[:, :, keys]  # (every key: no copy of them)
         keys = torch.arange(self.keys.shape[2], device=rows.device) if keys is None else keys
         b, heads = rows.shape[0], self.heads
         q = self.queries.gather(2, rows[:, None, :, None].expand(b, heads, rows.shape[1], self.queries.shape[-1]))
-        k = self.keys[:, :, keys]
         group = heads // k.shape[1]
         k = k.repeat_interleave(group, dim=1) if group > 1 else k
         logits = torch.matmul(q * self.scaling, k.transpose(-1, -2))
