@@ -2,6 +2,7 @@
 whenever what it was read from changes: the config, the tokenizer, the module tree, the arguments."""
 
 import copy
+import sys
 
 import numpy as np
 import pytest
@@ -91,3 +92,31 @@ def test_a_config_unequal_to_its_own_copy_is_not_kept(bert):
     from normx.models.structure import kept
 
     assert not kept(model, "plans", dict)
+
+
+def test_threads_with_their_own_tokenizers_and_targets_get_what_they_would_get_alone(bert):
+    """Threads sharing one model, each with its own tokenizer copy and target, more of them than the store keeps
+    (entries made, used and dropped at once): each gets the explanation it gets alone."""
+    from threads import in_threads
+
+    model, tokenizer = bert
+    count = kept_plans.SIZE + 4
+    tokenizers = [copy.deepcopy(tokenizer) for _ in range(count)]
+    targets = [None, 0, 1, [0, 2], "all"]
+    alone = {i: normx.explain(model, tokenizers[i], TEXT, target=targets[i % 5]) for i in range(count)}
+
+    def work(i):
+        return [normx.explain(model, tokenizers[(i + k) % count], TEXT, target=targets[(i + k) % count % 5])
+                for k in range(3)]
+
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch every microsecond: inside each other's lookups and stores
+    try:
+        found = in_threads(work, count)
+    finally:
+        sys.setswitchinterval(switch)
+    for i, results in found.items():
+        for k, got in enumerate(results):
+            want = alone[(i + k) % count]
+            assert got.labels == want.labels and got.prediction == want.prediction
+            np.testing.assert_allclose(got.scores, want.scores, rtol=1e-5, atol=1e-6)
