@@ -11,7 +11,7 @@ only while nothing it was read from has changed:
   copy does not compare equal to it (an attribute without ``__eq__``), gets its plan made on every call;
 - the tokenizer: the entry holds the tokenizer it was made with and is used for that one only (held, so that its
   identity cannot pass to another tokenizer); what a plan reads of a tokenizer's vocabulary (a vocabulary head's
-  target tokens) is not kept at all (:func:`cacheable` says which calls are);
+  target tokens) is not kept at all (``prepare`` gives such a call no key);
 - the module tree: kept entries live in the tree's own store, which a changed tree drops.
 
 At most :data:`SIZE` entries per model (the oldest goes first), so that a caller who makes a tokenizer per call
