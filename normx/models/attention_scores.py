@@ -27,6 +27,7 @@ whoever uses the rows checks that the values mixed by them give the attention mo
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -39,9 +40,34 @@ if TYPE_CHECKING:
 BIAS_ARGUMENTS = ("position_bias", "alibi")  # position biases some families add to the logits inside the module
 
 
+@dataclass(frozen=True)
+class Rotation:
+    """The rotary position embeddings a module received, (cos, sin) [B or 1, T, width], and its family's
+    ``apply_rotary_pos_emb``: applied to the query rows a method reads when it reads them (rotating every query of a
+    long prompt for a few rows' sake would be work and memory that grow with the prompt)."""
+
+    rotate: Callable
+    cos: torch.Tensor
+    sin: torch.Tensor
+
+    def row(self, row: int) -> Rotation:
+        """The same for batch row ``row`` alone."""
+        if self.cos.shape[0] == 1:
+            return self
+        return Rotation(self.rotate, self.cos[row:row + 1], self.sin[row:row + 1])
+
+    def queries(self, q: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """The query rows ``q`` [B, H, Q, d] of positions ``rows`` [B, Q], rotated as the module rotates them."""
+        index = rows[..., None].expand(-1, -1, self.cos.shape[-1])
+        cos = self.cos.expand(rows.shape[0], -1, -1).gather(1, index)
+        sin = self.sin.expand(rows.shape[0], -1, -1).gather(1, index)
+        return _applied(self.rotate, q, q[:, :1], cos, sin)[0]  # (the second argument is only read to be rotated)
+
+
 @dataclass
 class BlockScores:
-    """One block's queries and keys as its attention module scores them: ``queries`` [B, H, T, d] and ``keys``
+    """One block's queries and keys as its attention module scores them: ``queries`` [B, H, T, d] (as projected and
+    normed, in the model's dtype: only the rows read are converted and rotated, by ``rotation``) and ``keys``
     [B, kv, T, d] (rotated; float32, float64 for float64 models), and how logits become probabilities."""
 
     queries: torch.Tensor
@@ -52,10 +78,16 @@ class BlockScores:
     window: int | None = None
     softcap: float | None = None
     sinks: torch.Tensor | None = None  # [H]
+    rotation: Rotation | None = None  # rotary embeddings, applied to the query rows read
 
     @property
     def heads(self) -> int:
         return self.queries.shape[1]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The probabilities' dtype: float32, float64 for float64 models."""
+        return self.keys.dtype
 
     def rows(self, row: int, start: int, stop: int, length: int) -> torch.Tensor:
         """Batch row ``row``'s probabilities [H, stop - start, length] of query positions start..stop over its first
@@ -64,7 +96,8 @@ class BlockScores:
 
         mask = self.mask if self.mask is None or self.mask.shape[0] == 1 else self.mask[row:row + 1]
         one = BlockScores(self.queries[row:row + 1], self.keys[row:row + 1], self.scaling, mask,
-                          self.padding[row:row + 1], self.window, self.softcap, self.sinks)
+                          self.padding[row:row + 1], self.window, self.softcap, self.sinks,
+                          None if self.rotation is None else self.rotation.row(row))
         device = self.queries.device
         return one.probabilities(torch.arange(start, stop, device=device)[None], torch.arange(length, device=device))[0]
 
@@ -90,7 +123,10 @@ class BlockScores:
         k = self.keys if keys is None else self.keys[:, :, keys]  # (every key: no copy of them)
         keys = torch.arange(self.keys.shape[2], device=rows.device) if keys is None else keys
         b, heads = rows.shape[0], self.heads
-        q = self.queries.gather(2, rows[:, None, :, None].expand(b, heads, rows.shape[1], self.queries.shape[-1]))
+        q = _float(self.queries.gather(2, rows[:, None, :, None].expand(b, heads, rows.shape[1],
+                                                                        self.queries.shape[-1])))
+        if self.rotation is not None:
+            q = self.rotation.queries(q, rows)
         group = heads // k.shape[1]
         k = k.repeat_interleave(group, dim=1) if group > 1 else k
         logits = torch.matmul(q * self.scaling, k.transpose(-1, -2))
@@ -132,30 +168,71 @@ def _rotary_function(module: nn.Module):
     return getattr(sys.modules.get(type(module).__module__), "apply_rotary_pos_emb", None)
 
 
-def _rotated(module: nn.Module, q: torch.Tensor, k: torch.Tensor, embeddings) -> tuple | str:
-    """q, k [B, H, T, d] rotated by the module's family function with (cos, sin) ``embeddings``, or why not."""
-    import torch
-
+def _rotary(module: nn.Module, embeddings) -> tuple | str:
+    """(the module's family's ``apply_rotary_pos_emb``, cos, sin) from the ``embeddings`` it received, or why not."""
     rotate = _rotary_function(module)
     if rotate is None:
         return (f"{type(module).__name__} receives rotary position embeddings, and its source file has no "
                 "apply_rotary_pos_emb to apply them with")
     if not isinstance(embeddings, (tuple, list)) or len(embeddings) != 2:
         return f"{type(module).__name__} receives position embeddings that are not a (cos, sin) pair"
-    cos, sin = embeddings
-    width = cos.shape[-1]
-    try:  # the family's function on whole heads (it rotates the part its embeddings cover: GPT-NeoX, Phi-3)
+    return rotate, *embeddings
+
+
+def _rotated_pair(module: nn.Module, q: torch.Tensor, k: torch.Tensor, rotate: Callable, cos, sin) -> tuple | str:
+    try:
+        return _applied(rotate, q, k, cos, sin)
+    except (TypeError, RuntimeError) as exc:
+        return (f"{type(module).__name__}'s family applies its rotary embeddings in a way this does not read "
+                f"(apply_rotary_pos_emb(q, k, cos, sin): {str(exc).splitlines()[0]})")
+
+
+def rotate_keys(module: nn.Module, k: torch.Tensor, embeddings) -> torch.Tensor | str:
+    """The keys ``k`` [B, kv, T, d] rotated by the module's family function with (cos, sin) ``embeddings``, or why
+    they cannot be (one head of the keys stands for the queries the function rotates too)."""
+    found = _rotary(module, embeddings)
+    if isinstance(found, str):
+        return found
+    rotated = _rotated_pair(module, k[:, :1], k, *found)
+    return rotated if isinstance(rotated, str) else rotated[1]
+
+
+def _rotation(module: nn.Module, q: torch.Tensor, k: torch.Tensor, embeddings) -> tuple | str:
+    """(the keys ``k`` [B, kv, T, d] rotated, the :class:`Rotation` for the query rows read of ``q`` [B, H, T, d]) by
+    the module's family function with (cos, sin) ``embeddings``, or why they cannot be rotated. Where the embeddings
+    are not one (cos, sin) row per position ([B or 1, T, width]), every query is rotated now, in place of the
+    :class:`Rotation`."""
+    import torch
+
+    found = _rotary(module, embeddings)
+    if isinstance(found, str):
+        return found
+    rotate, cos, sin = found
+    per_position = (isinstance(cos, torch.Tensor) and isinstance(sin, torch.Tensor) and cos.dim() == 3
+                    and cos.shape == sin.shape and cos.shape[1] == k.shape[2])
+    rotated = _rotated_pair(module, k[:, :1] if per_position else _float(q), k, rotate, cos, sin)
+    if isinstance(rotated, str):
+        return rotated
+    return rotated[1], Rotation(rotate, cos, sin) if per_position else rotated[0]
+
+
+def _applied(rotate: Callable, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple:
+    """``rotate(q, k, cos, sin)`` on whole heads (the family's function rotates the part its embeddings cover:
+    GPT-NeoX, Phi-3), else, for a function that rotates whole heads given the rotated part only (Phi), on the first
+    ``cos.shape[-1]`` features of each head; the first one's error where neither runs."""
+    import torch
+
+    try:
         return rotate(q, k, cos, sin)
     except (TypeError, RuntimeError) as exc:
-        failed = exc
-    if width < q.shape[-1]:  # a function that rotates whole heads, given the rotated part only (Phi)
+        width = cos.shape[-1]
+        if width >= q.shape[-1]:
+            raise
         try:
             q_rot, k_rot = rotate(q[..., :width], k[..., :width], cos, sin)
-            return torch.cat([q_rot, q[..., width:]], -1), torch.cat([k_rot, k[..., width:]], -1)
-        except (TypeError, RuntimeError) as exc:
-            failed = exc
-    return (f"{type(module).__name__}'s family applies its rotary embeddings in a way this does not read "
-            f"(apply_rotary_pos_emb(q, k, cos, sin): {str(failed).splitlines()[0]})")
+        except (TypeError, RuntimeError):
+            raise exc from None
+        return torch.cat([q_rot, q[..., width:]], -1), torch.cat([k_rot, k[..., width:]], -1)
 
 
 def _number(*values) -> float | None:
@@ -176,15 +253,18 @@ def read_scores(parts: AttentionParts, projected: dict[str, torch.Tensor], kwarg
         return f"{name} adds a position bias of its own ({bias}) to its attention logits"
     q, k = parts.queries_keys(projected)
     q, k = _normed(parts.q_norm, q), _normed(parts.k_norm, k)
-    q, k = _float(q).transpose(1, 2), _float(k).transpose(1, 2)  # [B, heads, T, d]
+    q, k = q.transpose(1, 2), _float(k).transpose(1, 2)  # [B, heads, T, d]; queries converted when read
     if q.shape[1] % max(k.shape[1], 1):
         return f"{name} has {q.shape[1]} query heads and {k.shape[1]} key heads, which do not divide them"
     embeddings = kwargs.get("position_embeddings")
+    rotation = None
     if embeddings is not None:
-        rotated = _rotated(module, q, k, embeddings)
+        rotated = _rotation(module, q, k, embeddings)
         if isinstance(rotated, str):
             return rotated
-        q, k = rotated
+        k, rotation = rotated
+        if not isinstance(rotation, Rotation):  # every query rotated now
+            q, rotation = rotation, None
     config = getattr(module, "config", None)
     scaling = _number(parts.scaling, getattr(module, "softmax_scale", None)) or q.shape[-1] ** -0.5
     softcap = _number(getattr(module, "attn_logit_softcapping", None), getattr(config, "attn_logit_softcapping", None))
@@ -195,4 +275,4 @@ def read_scores(parts: AttentionParts, projected: dict[str, torch.Tensor], kwarg
     if mask is not None and mask.shape[-2:] != (q.shape[2], k.shape[2]):
         return f"{name} received an attention mask of shape {tuple(mask.shape)} for {q.shape[2]} tokens"
     return BlockScores(q, k, scaling, mask, padding, window if isinstance(window, int) and window > 0 else None,
-                       softcap, _float(sinks.detach()) if isinstance(sinks, torch.Tensor) else None)
+                       softcap, _float(sinks.detach()) if isinstance(sinks, torch.Tensor) else None, rotation)

@@ -97,6 +97,36 @@ def test_recomputed_rows_equal_eager_attention(model_type, name, changes):
         np.testing.assert_allclose(mine.numpy(), theirs.float().numpy(), rtol=1e-5, atol=1e-6)
 
 
+def test_only_the_rows_read_are_rotated():
+    """A block's queries are kept as its projection made them (the model's dtype, not rotated): only the rows a
+    method reads are converted and rotated, so nothing the size of every query is made for a few rows (the rows
+    equal eager attention's: the test above); keys are rotated once, whole."""
+    model = build("llama", "LlamaForCausalLM", {}).to(torch.bfloat16)
+    adapter = get_adapter(model)
+    parts = adapter.attention_parts(model, adapter.block_modules(model)[0])
+    modules = {"attention": parts.module} | {f"qk.{role}": m for role, m in parts.query_key_sources().items()}
+    seen, got = {}, []
+
+    def on_call(key, _args, kwargs, output):
+        if key.startswith("qk."):
+            seen[key[3:]] = output_tensor(output)
+        else:
+            got.append(read_scores(parts, dict(seen), kwargs, MASK))
+
+    with torch.no_grad(), hooked(modules, on_call):
+        model(input_ids=IDS, attention_mask=MASK)
+    scores = got[0]
+    assert scores.rotation is not None and scores.dtype == torch.float32
+    projected = parts.queries_keys(seen)[0].transpose(1, 2)
+    assert scores.queries.dtype == torch.bfloat16 and torch.equal(scores.queries, projected)
+    b, heads, t, d = scores.queries.shape
+    index = QUERIES[:, None, :, None].expand(b, heads, QUERIES.shape[1], d)
+    whole = scores.rotation.queries(scores.queries.float(), torch.arange(t).expand(b, -1))
+    picked = scores.rotation.queries(scores.queries.float().gather(2, index), QUERIES)
+    assert torch.equal(picked, whole.gather(2, index))
+    assert not torch.equal(whole, scores.queries.float())  # (rotated: the positions differ)
+
+
 SDPA = [family for family in FAMILIES if family[1] not in ("Gemma2ForCausalLM", "GptOssForCausalLM")]  # eager models
 
 

@@ -195,7 +195,7 @@ def _record(run: Pass, blocks: list[DecoderBlock], attention: list[BlockAttentio
                 got, seen[i] = seen[i], {}
                 read = rec.attention[i]
                 scores = block_scores(read, {k: v for k, v in got.items() if k != "values"}, kwargs, mask)
-                rows = scores.probabilities(last) * mask[:, None, None, :].to(scores.queries.dtype)
+                rows = scores.probabilities(last) * mask[:, None, None, :].to(scores.dtype)
                 values = repeat_values(read.value_vectors(got["values"]), rows.shape[1], read, method)
                 try:
                     check_mix(rows, values, output, read, last, method)

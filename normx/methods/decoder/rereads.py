@@ -38,7 +38,7 @@ from normx._torch import torch
 from normx.core.hooks import record_calls
 from normx.errors import InvalidInputError, UnsupportedModelError
 from normx.methods.decoder.knockout import _biased, _check_rows, _setup
-from normx.models.attention_scores import _rotated
+from normx.models.attention_scores import rotate_keys
 
 
 def _cache_and_rotations(model, modules, tensor, first_row: int, keywords, method: str):
@@ -77,10 +77,10 @@ def _shift_keys(modules, cache, rotations, shifts: torch.Tensor, method: str) ->
                 f"{shifts.shape[1]} tokens (a sliding-window or compressed cache), so its positions cannot be "
                 "closed up")
         back = (cos[shifts].to(keys.dtype), -sin[shifts].to(keys.dtype))  # [B, first_row, d]: cos(-d), sin(-d)
-        rotated = _rotated(modules[key], keys[:, :1], keys, back)  # (the queries: one head, unused)
+        rotated = rotate_keys(modules[key], keys, back)
         if isinstance(rotated, str):
             raise UnsupportedModelError(f"{method}: {rotated}")
-        layer.keys = rotated[1]
+        layer.keys = rotated
 
 
 def masked_rereads(handle, ids: Sequence[int], prompt_length: int, sources: Sequence[Sequence[int]],
