@@ -127,9 +127,11 @@ class BlockScores:
                                                                         self.queries.shape[-1])))
         if self.rotation is not None:
             q = self.rotation.queries(q, rows)
-        group = heads // k.shape[1]
-        k = k.repeat_interleave(group, dim=1) if group > 1 else k
-        logits = torch.matmul(q * self.scaling, k.transpose(-1, -2))
+        # query head h reads key-value head h // group: the heads of a group as more rows of one product (the keys
+        # are not repeated for each of them)
+        kv, width = k.shape[1], rows.shape[1]
+        grouped = (q * self.scaling).reshape(b, kv, heads // kv * width, q.shape[-1])
+        logits = torch.matmul(grouped, k.transpose(-1, -2)).reshape(b, heads, width, k.shape[2])
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         if self.mask is not None and self.mask.dtype != torch.bool:
