@@ -1,0 +1,67 @@
+"""The records of several ``studies.context.budget`` runs read together (resumable runs over further contexts of the
+same layout write files of their own): per method, LDS mean ± standard error over the contexts where both it and the
+reference ran, its difference from the reference paired by context, and its cost (× a plain forward: median, range).
+
+    python -m studies.context.pooled docs/results/context-budgeted/passages.jsonl \\
+        docs/results/context-budgeted/passages-6.jsonl docs/results/context-budgeted/passages-12.jsonl \\
+        --methods "budgeted:seed=0" --reference contextcite@32
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def pooled(records: list[dict], methods: list[str], reference: str) -> list[dict]:
+    """One row per method (the reference's own first): contexts, LDS, paired difference, cost."""
+    import numpy as np
+
+    def se(values) -> float:
+        return float(np.std(values, ddof=1) / np.sqrt(len(values))) if len(values) > 1 else 0.0
+
+    rows = []
+    for method in [reference, *[m for m in methods if m != reference]]:
+        both = [r["methods"] for r in records if method in r["methods"] and reference in r["methods"]]
+        if not both:
+            continue
+        lds = np.array([m[method]["lds"] for m in both])
+        paired = lds - np.array([m[reference]["lds"] for m in both])
+        cost = np.array([m[method]["cost"] for m in both])
+        rows.append({"method": method, "contexts": len(both), "lds": float(lds.mean()), "lds_se": se(lds),
+                     "paired": float(paired.mean()), "paired_se": se(paired), "cost_median": float(np.median(cost)),
+                     "cost_min": float(cost.min()), "cost_max": float(cost.max()),
+                     "over_6": int((cost > 6).sum())})
+    return rows
+
+
+def table(rows: list[dict], reference: str) -> str:
+    lines = [f"| method | contexts | LDS | paired with `{reference}` | cost (× a forward, median, range) | over 6× |",
+             "|---|---|---|---|---|---|"]
+    for row in rows:
+        paired = "—" if row["method"] == reference else f"{row['paired']:+.3f} ± {row['paired_se']:.3f}"
+        lines.append(f"| `{row['method']}` | {row['contexts']} | {row['lds']:.3f} ± {row['lds_se']:.3f} | {paired} | "
+                     f"{row['cost_median']:.1f} ({row['cost_min']:.1f}–{row['cost_max']:.1f}) | {row['over_6']} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m studies.context.pooled", description=__doc__.split("\n\n")[0])
+    parser.add_argument("records", type=Path, nargs="+", help="JSON lines written by studies.context.budget")
+    parser.add_argument("--methods", required=True, help="space-separated specs, as the runs named them")
+    parser.add_argument("--reference", default="contextcite@32")
+    args = parser.parse_args(argv)
+    records = {}
+    for path in args.records:
+        for line in path.read_text(encoding="utf-8").splitlines():
+            record = json.loads(line)
+            if record["id"] in records:
+                raise SystemExit(f"{path}: context {record['id']} is in another of the files too")
+            records[record["id"]] = record
+    print(table(pooled(list(records.values()), args.methods.split(), args.reference), args.reference), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,41 @@
+"""studies/context/pooled.py: several runs' records read together, each method paired by context with the reference
+only where both ran; a context in two files is an error."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from studies.context import pooled
+
+
+def _record(name: str, **lds_cost) -> dict:
+    return {"id": name, "methods": {m: {"lds": lds, "cost": cost} for m, (lds, cost) in lds_cost.items()}}
+
+
+def test_pooled_pairs_by_context(tmp_path, capsys):
+    first = [_record("a", ref=(0.8, 20.0), mine=(0.7, 5.0)), _record("b", ref=(0.6, 22.0), mine=(0.65, 7.0))]
+    second = [_record("c", ref=(0.9, 25.0), mine=(0.85, 5.5)), _record("d", mine=(0.1, 4.0))]  # d: no reference
+    paths = []
+    for i, records in enumerate((first, second)):
+        paths.append(tmp_path / f"{i}.jsonl")
+        paths[-1].write_text("".join(json.dumps(r) + "\n" for r in records))
+    rows = {r["method"]: r for r in pooled.pooled([*first, *second], ["mine"], "ref")}
+    diffs = np.array([-0.1, 0.05, -0.05])
+    assert rows["mine"]["contexts"] == 3
+    assert rows["mine"]["lds"] == pytest.approx(np.mean([0.7, 0.65, 0.85]))
+    assert rows["mine"]["paired"] == pytest.approx(diffs.mean())
+    assert rows["mine"]["paired_se"] == pytest.approx(diffs.std(ddof=1) / np.sqrt(3))
+    assert rows["mine"]["cost_median"] == 5.5 and rows["mine"]["over_6"] == 1
+    assert rows["ref"]["lds"] == pytest.approx(np.mean([0.8, 0.6, 0.9]))
+    assert pooled.main([*map(str, paths), "--methods", "mine", "--reference", "ref"]) == 0
+    assert "| `mine` | 3 | 0.733 ± 0.060 | -0.033 ± 0.044 | 5.5 (5.0–7.0) | 1 |" in capsys.readouterr().out
+
+
+def test_a_context_in_two_files_is_an_error(tmp_path):
+    path = tmp_path / "a.jsonl"
+    path.write_text(json.dumps(_record("a", ref=(0.8, 20.0))) + "\n")
+    with pytest.raises(SystemExit, match="in another of the files"):
+        pooled.main([str(path), str(path), "--methods", "ref", "--reference", "ref"])
