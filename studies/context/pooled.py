@@ -1,6 +1,8 @@
 """The records of several ``studies.context.budget`` runs read together (resumable runs over further contexts of the
 same layout write files of their own): per method, LDS mean ± standard error over the contexts where both it and the
-reference ran, its difference from the reference paired by context, and its cost (× a plain forward: median, range).
+reference ran, its difference from the reference paired by context, its cost (× a plain forward: median, range, how
+many contexts above 6×) and, for a method that plans its passes (``budgeted``), the passes it planned and the measured
+cost over them.
 
     python -m studies.context.pooled docs/results/context-budgeted/passages.jsonl \\
         docs/results/context-budgeted/passages-6.jsonl docs/results/context-budgeted/passages-12.jsonl \\
@@ -29,20 +31,26 @@ def pooled(records: list[dict], methods: list[str], reference: str) -> list[dict
         lds = np.array([m[method]["lds"] for m in both])
         paired = lds - np.array([m[reference]["lds"] for m in both])
         cost = np.array([m[method]["cost"] for m in both])
+        planned = np.array([m[method]["passes"] for m in both if "passes" in m[method]])  # the plan's own count
+        over_plan = cost[[i for i, m in enumerate(both) if "passes" in m[method]]] / planned if len(planned) else []
         rows.append({"method": method, "contexts": len(both), "lds": float(lds.mean()), "lds_se": se(lds),
                      "paired": float(paired.mean()), "paired_se": se(paired), "cost_median": float(np.median(cost)),
                      "cost_min": float(cost.min()), "cost_max": float(cost.max()),
-                     "over_6": int((cost > 6).sum())})
+                     "over_6": int((cost > 6).sum()),
+                     "planned_median": float(np.median(planned)) if len(planned) else None,
+                     "measured_over_planned": float(np.median(over_plan)) if len(planned) else None})
     return rows
 
 
 def table(rows: list[dict], reference: str) -> str:
-    lines = [f"| method | contexts | LDS | paired with `{reference}` | cost (× a forward, median, range) | over 6× |",
-             "|---|---|---|---|---|---|"]
+    lines = [f"| method | contexts | LDS | paired with `{reference}` | cost (× a forward, median, range) | over 6× | "
+             "planned passes (median) | measured / planned (median) |", "|---|---|---|---|---|---|---|---|"]
     for row in rows:
         paired = "—" if row["method"] == reference else f"{row['paired']:+.3f} ± {row['paired_se']:.3f}"
         lines.append(f"| `{row['method']}` | {row['contexts']} | {row['lds']:.3f} ± {row['lds_se']:.3f} | {paired} | "
-                     f"{row['cost_median']:.1f} ({row['cost_min']:.1f}–{row['cost_max']:.1f}) | {row['over_6']} |")
+                     f"{row['cost_median']:.1f} ({row['cost_min']:.1f}–{row['cost_max']:.1f}) | {row['over_6']} | "
+                     + ("— | — |" if row["planned_median"] is None else
+                        f"{row['planned_median']:.2f} | {row['measured_over_planned']:.2f} |"))
     return "\n".join(lines) + "\n"
 
 
