@@ -6,7 +6,7 @@ cost over them.
 
     python -m studies.context.pooled docs/results/context-budgeted/passages.jsonl \\
         docs/results/context-budgeted/passages-6.jsonl docs/results/context-budgeted/passages-12.jsonl \\
-        --methods "budgeted:seed=0" --reference contextcite@32
+        --methods "budgeted:seed=0" --reference contextcite@32 --out FILE.json
 """
 
 from __future__ import annotations
@@ -59,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("records", type=Path, nargs="+", help="JSON lines written by studies.context.budget")
     parser.add_argument("--methods", required=True, help="space-separated specs, as the runs named them")
     parser.add_argument("--reference", default="contextcite@32")
+    parser.add_argument("--out", type=Path, required=True, help="the JSON to write: one row per method (the table "
+                        "is printed)")
     args = parser.parse_args(argv)
     records = {}
     for path in args.records:
@@ -67,7 +69,10 @@ def main(argv: list[str] | None = None) -> int:
             if record["id"] in records:
                 raise SystemExit(f"{path}: context {record['id']} is in another of the files too")
             records[record["id"]] = record
-    print(table(pooled(list(records.values()), args.methods.split(), args.reference), args.reference), end="")
+    rows = pooled(list(records.values()), args.methods.split(), args.reference)
+    args.out.write_text(json.dumps({"records": [str(p) for p in args.records], "reference": args.reference,
+                                    "rows": rows}, indent=1) + "\n", encoding="utf-8")
+    print(table(rows, args.reference), end="")
     return 0
 
 

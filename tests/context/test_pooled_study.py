@@ -33,7 +33,9 @@ def test_pooled_pairs_by_context(tmp_path, capsys):
     assert rows["mine"]["planned_median"] == 4.5 and rows["mine"]["measured_over_planned"] == pytest.approx(1.325)
     assert rows["ref"]["planned_median"] is None
     assert rows["ref"]["lds"] == pytest.approx(np.mean([0.8, 0.6, 0.9]))
-    assert pooled.main([*map(str, paths), "--methods", "mine", "--reference", "ref"]) == 0
+    out = tmp_path / "pooled.json"
+    assert pooled.main([*map(str, paths), "--methods", "mine", "--reference", "ref", "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["rows"][1]["contexts"] == 3
     shown = capsys.readouterr().out
     assert "| `mine` | 3 | 0.733 ± 0.060 | -0.033 ± 0.044 | 5.5 (5.0–7.0) | 1 | 4.50 | 1.32 |" in shown
 
@@ -42,4 +44,4 @@ def test_a_context_in_two_files_is_an_error(tmp_path):
     path = tmp_path / "a.jsonl"
     path.write_text(json.dumps(_record("a", ref=(0.8, 20.0))) + "\n")
     with pytest.raises(SystemExit, match="in another of the files"):
-        pooled.main([str(path), str(path), "--methods", "ref", "--reference", "ref"])
+        pooled.main([str(path), str(path), "--methods", "ref", "--reference", "ref", "--out", str(tmp_path / "o")])
