@@ -200,10 +200,10 @@ def rotate_keys(module: nn.Module, k: torch.Tensor, embeddings) -> torch.Tensor 
 
 
 def _rotation(module: nn.Module, q: torch.Tensor, k: torch.Tensor, embeddings) -> tuple | str:
-    """(the keys ``k`` [B, kv, T, d] rotated, the :class:`Rotation` for the query rows read of ``q`` [B, H, T, d]) by
-    the module's family function with (cos, sin) ``embeddings``, or why they cannot be rotated. Where the embeddings
-    are not one (cos, sin) row per position ([B or 1, T, width]), every query is rotated now, in place of the
-    :class:`Rotation`."""
+    """(the queries, the keys ``k`` [B, kv, T, d] rotated, the :class:`Rotation` for the query rows read of ``q``
+    [B, H, T, d]) by the module's family function with (cos, sin) ``embeddings``, or why they cannot be rotated. The
+    queries are ``q`` as given; where the embeddings are not one (cos, sin) row per position ([B or 1, T, width]),
+    every query is rotated now instead, and the rotation is None."""
     import torch
 
     found = _rotary(module, embeddings)
@@ -215,7 +215,7 @@ def _rotation(module: nn.Module, q: torch.Tensor, k: torch.Tensor, embeddings) -
     rotated = _rotated_pair(module, k[:, :1] if per_position else _float(q), k, rotate, cos, sin)
     if isinstance(rotated, str):
         return rotated
-    return rotated[1], Rotation(rotate, cos, sin) if per_position else rotated[0]
+    return (q, rotated[1], Rotation(rotate, cos, sin)) if per_position else (rotated[0], rotated[1], None)
 
 
 def _applied(rotate: Callable, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple:
@@ -264,9 +264,7 @@ def read_scores(parts: AttentionParts, projected: dict[str, torch.Tensor], kwarg
         rotated = _rotation(module, q, k, embeddings)
         if isinstance(rotated, str):
             return rotated
-        k, rotation = rotated
-        if not isinstance(rotation, Rotation):  # every query rotated now
-            q, rotation = rotation, None
+        q, k, rotation = rotated
     config = getattr(module, "config", None)
     scaling = _number(parts.scaling, getattr(module, "softmax_scale", None)) or q.shape[-1] ** -0.5
     softcap = _number(getattr(module, "attn_logit_softcapping", None), getattr(config, "attn_logit_softcapping", None))

@@ -31,14 +31,15 @@ def pooled(records: list[dict], methods: list[str], reference: str) -> list[dict
         lds = np.array([m[method]["lds"] for m in both])
         paired = lds - np.array([m[reference]["lds"] for m in both])
         cost = np.array([m[method]["cost"] for m in both])
-        planned = np.array([m[method]["passes"] for m in both if "passes" in m[method]])  # the plan's own count
-        over_plan = cost[[i for i, m in enumerate(both) if "passes" in m[method]]] / planned if len(planned) else []
+        plans = [m[method] for m in both if "passes" in m[method]]  # runs that count their own passes
+        planned = np.array([m["passes"] for m in plans])
+        over_plan = np.array([m["cost"] for m in plans]) / planned if plans else []
         rows.append({"method": method, "contexts": len(both), "lds": float(lds.mean()), "lds_se": se(lds),
                      "paired": float(paired.mean()), "paired_se": se(paired), "cost_median": float(np.median(cost)),
                      "cost_min": float(cost.min()), "cost_max": float(cost.max()),
                      "over_6": int((cost > 6).sum()),
-                     "planned_median": float(np.median(planned)) if len(planned) else None,
-                     "measured_over_planned": float(np.median(over_plan)) if len(planned) else None})
+                     "planned_median": float(np.median(planned)) if plans else None,
+                     "measured_over_planned": float(np.median(over_plan)) if plans else None})
     return rows
 
 
