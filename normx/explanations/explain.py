@@ -86,13 +86,14 @@ def explain(model, tokenizer, texts: str | Sequence[str], method: str = "normxlo
     for items, inputs in batches(encoded, plan.handle.rows_per_pass(batch_size), tokenizer, plan.handle.device):
         out = attribute_batch(plan, inputs)
         scores = out.scores.cpu().numpy()
-        logits = out.logits
         diagnostics = {name: value.float().cpu() for name, value in out.diagnostics.items()}
         pooled = out.pooled.tolist()
         columns = out.columns.tolist()
+        read = plan.labels.read(out.logits, columns)  # every row's prediction, off the device in one go
         for row, item in enumerate(items):  # a row's tokens are its first len(ids) positions (collate pads right)
-            results.append(_explanation(item, scores[row][:, :, :len(item.ids)], columns[row], logits[row], plan,
-                                        settings, int(pooled[row]),
+            results.append(_explanation(item, scores[row][:, :, :len(item.ids)], columns[row],
+                                        (read.labels[row], read.probabilities[row]), plan, settings,
+                                        int(pooled[row]),
                                         {name: value[row].tolist() for name, value in diagnostics.items()}))
     return results[0] if single else Explanations(results)
 
@@ -279,10 +280,10 @@ def model_settings(handle: ModelHandle) -> dict:
             "device": None if param is None else str(param.device)}
 
 
-def _explanation(item: Encoded, scores: np.ndarray, columns: list[int], logits: torch.Tensor, plan: Plan,
-                 settings: dict, pooled: int, diagnostics: dict) -> Explanation:
+def _explanation(item: Encoded, scores: np.ndarray, columns: list[int], predicted: tuple[str | float, dict],
+                 plan: Plan, settings: dict, pooled: int, diagnostics: dict) -> Explanation:
     labels = plan.labels
-    prediction, probabilities = labels.prediction(logits, columns)
+    prediction, probabilities = predicted
     return Explanation(
         text=item.text, text_pair=item.text_pair, tokens=item.tokens, offsets=item.offsets, segments=item.segments,
         special=item.special, scores=scores, labels=[labels.name(c) for c in columns], layers=list(plan.layers),

@@ -59,3 +59,22 @@ def test_rows_with_columns_of_different_lengths():
     assert len(read.probabilities[0]) == TOP_TOKENS and len(read.probabilities[1]) == TOP_TOKENS
     probs = logits.softmax(-1)
     assert all(abs(a - float(probs[2, c])) <= 1e-6 for a, c in zip(read.wanted[2], columns[2]))
+
+
+def test_explain_reads_a_batch_of_predictions_at_once(monkeypatch):
+    """``normx.explain`` reads every row's prediction of a batch in one go (one copy off the device, not one per
+    text), and each equals the text explained alone."""
+    import normx
+
+    model, tokenizer = tiny.build("BertForSequenceClassification")
+    texts = ["a fine film", "dull and long, the end was bad", "good"]
+    alone = [normx.explain(model, tokenizer, text) for text in texts]
+    reads = []
+    original = LabelSpace.read
+    monkeypatch.setattr(LabelSpace, "read", lambda self, logits, columns: reads.append(len(columns))
+                        or original(self, logits, columns))
+    together = normx.explain(model, tokenizer, texts, batch_size=8)
+    assert reads == [3]
+    for one, row in zip(alone, together):
+        assert row.prediction == one.prediction and row.probabilities.keys() == one.probabilities.keys()
+        assert all(abs(row.probabilities[k] - v) <= 1e-5 for k, v in one.probabilities.items())
