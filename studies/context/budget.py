@@ -13,13 +13,20 @@ SmolLM2's greedy answer (8 new tokens, the end-of-text token left out) is the re
 unless the method spec gives some (``contextcite:n_ablations=32``); a source's score is the sum of its tokens' rows
 over the steps. LDS: Spearman, over 32 random masks (``normx.evaluation.context.metrics.lds_masks``, each source
 kept with probability 0.5), between the sum of the kept sources' scores and the response's log-probability with the
-removed sources' tokens left out (whole forward passes). Cost: the method's wall time over the faster of two plain
-forward passes (``model(input_ids=ids)``, logits at every position), one run each, ``--threads`` torch threads.
+removed sources' tokens left out (whole forward passes). Cost: the method's wall time over the mean of two plain
+forward passes (``model(input_ids=ids)``, logits at every position) timed right before and right after it, one run
+each, ``--threads`` torch threads (records before 2026-11-29 have ``"timing"`` unset: the faster of two forward passes
+timed before the context's first method). The process's first call also does its first-use work (imports, the
+model's checks, the tokenizer's tables: ``"first_call"`` in its record). ``--retime`` runs the methods a record
+already has again, timed so, keeps the first timing as ``cost_first`` and checks that the scores are the recorded
+ones (the methods are deterministic).
 
     python -m studies.context.budget --layout sentences --split heldout --count 16 --data DATA --out FILE
     python -m studies.context.budget --layout passages --split heldout --count 6 --data DATA --out FILE
     python -m studies.context.budget --layout documents --length 2000 --split heldout --count 6 --data DATA \\
         --methods "budgeted contextcite@32 calibrated_attention random position" --out FILE
+    python -m studies.context.budget --layout passages --split heldout --count 6 --data DATA \
+        --methods "budgeted:seed=0" --retime --out FILE   # FILE holds those records: their cost timed again
 """
 
 from __future__ import annotations
@@ -63,6 +70,16 @@ def parse(spec: str) -> tuple[str, dict]:
     return name, options
 
 
+def call_of(spec: str, spans: list[tuple[int, int]]) -> tuple[str, dict]:
+    """The method name and options a spec calls, with the check's own token ``spans`` where it asks for them."""
+    name, options = parse(spec)
+    if name.startswith("contextcite@"):  # ContextCite's estimator given the check's own sources
+        name, options = "contextcite", {"n_ablations": int(name.split("@")[1]), "sources": spans, **options}
+    if options.get("sources") == "given":  # the check's own sources, as explain_context gives them
+        options["sources"] = [list(span) for span in spans]
+    return name, options
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m studies.context.budget", description=__doc__.split("\n\n")[0])
     add_data_option(parser)
@@ -77,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--masks", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--length", type=int, default=2000, help="documents: the tokens a context is built to")
+    parser.add_argument("--retime", action="store_true", help="time the methods the records in --out have again, "
+                        "between two forward passes, and check their scores")
     args = parser.parse_args(argv)
 
     import numpy as np
@@ -99,8 +118,8 @@ def main(argv: list[str] | None = None) -> int:
             record = json.loads(line)
             done[record["id"]] = record
     for example in examples:
-        if example.id in done and all(s in done[example.id]["methods"] for s in specs):
-            continue
+        if args.retime != (example.id in done and all(s in done[example.id]["methods"] for s in specs)):
+            continue  # (retiming: only the contexts recorded with every method asked for)
         prompt, chars = layout(example, args.layout)
         encoded = tokenizer(prompt, return_offsets_mapping=True)
         ids, offsets = list(encoded["input_ids"]), encoded["offset_mapping"]
@@ -125,41 +144,31 @@ def main(argv: list[str] | None = None) -> int:
         else:
             prepared = Prepared(example, prompt, whole, len(ids), spans, tokenizer.decode(response), chat=False)
             truth = response_outcomes(model, tokenizer, prepared, masks)[0]
-        forward = float("inf")
-        for _ in range(2):
-            started = time.perf_counter()
-            with torch.no_grad():
-                model(input_ids=torch.tensor([whole]))
-            forward = min(forward, time.perf_counter() - started)
+        forward = min(_forward_seconds(model, whole) for _ in range(2))
         record = done.get(example.id, {"id": example.id, "tokens": len(whole), "sources": len(spans),
                                        "response": tokenizer.decode(response), "forward_s": forward, "methods": {}})
+        if record["response"] != tokenizer.decode(response):
+            raise RuntimeError(f"{example.id}: the model answered {tokenizer.decode(response)!r}, recorded "
+                               f"{record['response']!r}")
         record["truth"] = [float(v) for v in truth]
         for spec in specs:
-            if spec in record["methods"]:
+            if spec in record["methods"] and not args.retime:
                 continue
-            name, options = parse(spec)
-            if name.startswith("contextcite@"):  # ContextCite's estimator given the check's own sources
-                name, options = "contextcite", {"n_ablations": int(name.split("@")[1]), "sources": spans, **options}
-            if options.get("sources") == "given":  # the check's own sources, as explain_context gives them
-                options["sources"] = [list(span) for span in spans]
-            if name in ("random", "position"):
-                scores = (np.arange(len(spans), dtype=float) if name == "position"
-                          else np.random.default_rng([0, 7, len(done)]).random(len(spans)))
-                took, settings = 0.0, {}
-            else:
-                started = time.perf_counter()
-                generation = normx.explain_generation(model, tokenizer, prompt, method=name, target=response,
-                                                      **options)
-                took = time.perf_counter() - started
-                if list(generation.token_ids) != whole:
-                    raise RuntimeError(f"{example.id}: {spec} read other ids")
-                rows = np.nan_to_num(np.asarray(generation.scores[0], np.float64))
-                scores = np.array([rows[:, a:b].sum() for a, b in spans])
-                settings = {k: generation.settings.get(k) for k in ("masks", "passes", "shared_prefix", "prior",
-                                                                    "prior_scores", "design", "outcomes", "groups")
-                            if k in generation.settings}
-            record["methods"][spec] = {"lds": metrics.lds(scores, masks, truth), "cost": took / forward,
-                                       "scores": scores.tolist(), **settings}
+            name, options = call_of(spec, spans)
+            if args.retime and name in ("random", "position"):
+                continue  # (no call to time)
+            scores, took, settings, around = _run(model, tokenizer, prompt, name, options, response, whole, spans,
+                                                  forward, len(done))
+            first = record["methods"].get(spec)
+            scale = 1e-3 * (np.abs(scores).max() + 1e-12)  # (float rounding differs between CPUs)
+            if first is not None and not np.allclose(scores, first["scores"], rtol=1e-3, atol=scale):
+                raise RuntimeError(f"{example.id} {spec}: scores {scores.tolist()} where {first['scores']} were "
+                                   "recorded; a deterministic method read otherwise")
+            timing = {"cost": took / float(np.mean(around)), "timing": "bracketed", "forward_around_s": around}
+            if first is not None:
+                timing["cost_first"] = first.get("cost_first", first["cost"])
+            record["methods"][spec] = {"lds": metrics.lds(scores, masks, truth), "scores": scores.tolist(),
+                                       **settings, **timing}
             print(f"{example.id} {spec}: LDS {record['methods'][spec]['lds']:.3f} cost "
                   f"{record['methods'][spec]['cost']:.2f}", flush=True)
         done[example.id] = record
@@ -168,6 +177,48 @@ def main(argv: list[str] | None = None) -> int:
     Path(str(args.out) + ".md").write_text(table, encoding="utf-8")
     print(table)
     return 0
+
+_CALLED: list[str] = []  # the methods called so far in this process
+
+
+def _forward_seconds(model, ids: list[int]) -> float:
+    """One plain forward pass over ``ids`` (logits at every position), timed."""
+    import torch
+
+    started = time.perf_counter()
+    with torch.no_grad():
+        model(input_ids=torch.tensor([ids]))
+    return time.perf_counter() - started
+
+
+def _run(model, tokenizer, prompt: str, name: str, options: dict, response: list[int], whole: list[int],
+         spans: list[tuple[int, int]], forward: float, seed: int) -> tuple:
+    """(source scores, the call's seconds, its settings, the forward passes' seconds right before and after it)
+    of one method as a user calls it (``random`` and ``position``: no call)."""
+    import numpy as np
+
+    import normx
+
+    if name in ("random", "position"):
+        scores = (np.arange(len(spans), dtype=float) if name == "position"
+                  else np.random.default_rng([0, 7, seed]).random(len(spans)))
+        return scores, 0.0, {}, [forward, forward]
+    before = _forward_seconds(model, whole)
+    first = not _CALLED
+    _CALLED.append(name)
+    started = time.perf_counter()
+    generation = normx.explain_generation(model, tokenizer, prompt, method=name, target=response, **options)
+    took = time.perf_counter() - started
+    around = [before, _forward_seconds(model, whole)]
+    if list(generation.token_ids) != whole:
+        raise RuntimeError(f"{name} read other ids")
+    rows = np.nan_to_num(np.asarray(generation.scores[0], np.float64))
+    scores = np.array([rows[:, a:b].sum() for a, b in spans])
+    settings = {k: generation.settings.get(k) for k in ("masks", "passes", "shared_prefix", "prior", "prior_scores",
+                                                        "design", "outcomes", "groups") if k in generation.settings}
+    if first:  # its time holds the process's first-use work (imports, the model's checks, the tokenizer's tables)
+        settings["first_call"] = True
+    return scores, took, settings, around
 
 
 def summary(records: list[dict], specs: list[str], args) -> str:

@@ -38,18 +38,22 @@ def pooled(records: list[dict], methods: list[str], reference: str) -> list[dict
                      "paired": float(paired.mean()), "paired_se": se(paired), "cost_median": float(np.median(cost)),
                      "cost_min": float(cost.min()), "cost_max": float(cost.max()),
                      "over_6": int((cost > 6).sum()),
+                     "over_6_first_calls": sum(m[method]["cost"] > 6 and bool(m[method].get("first_call"))
+                                               for m in both),
                      "planned_median": float(np.median(planned)) if plans else None,
                      "measured_over_planned": float(np.median(over_plan)) if plans else None})
     return rows
 
 
 def table(rows: list[dict], reference: str) -> str:
-    lines = [f"| method | contexts | LDS | paired with `{reference}` | cost (× a forward, median, range) | over 6× | "
+    lines = [f"| method | contexts | LDS | paired with `{reference}` | cost (× a forward, median, range) | over 6× "
+             "(first calls) | "
              "planned passes (median) | measured / planned (median) |", "|---|---|---|---|---|---|---|---|"]
     for row in rows:
         paired = "—" if row["method"] == reference else f"{row['paired']:+.3f} ± {row['paired_se']:.3f}"
         lines.append(f"| `{row['method']}` | {row['contexts']} | {row['lds']:.3f} ± {row['lds_se']:.3f} | {paired} | "
-                     f"{row['cost_median']:.1f} ({row['cost_min']:.1f}–{row['cost_max']:.1f}) | {row['over_6']} | "
+                     f"{row['cost_median']:.1f} ({row['cost_min']:.1f}–{row['cost_max']:.1f}) | {row['over_6']} "
+                     f"({row['over_6_first_calls']}) | "
                      + ("— | — |" if row["planned_median"] is None else
                         f"{row['planned_median']:.2f} | {row['measured_over_planned']:.2f} |"))
     return "\n".join(lines) + "\n"
