@@ -25,7 +25,7 @@ ones (the methods are deterministic).
     python -m studies.context.budget --layout passages --split heldout --count 6 --data DATA --out FILE
     python -m studies.context.budget --layout documents --length 2000 --split heldout --count 6 --data DATA \\
         --methods "budgeted contextcite@32 calibrated_attention random position" --out FILE
-    python -m studies.context.budget --layout passages --split heldout --count 6 --data DATA \
+    python -m studies.context.budget --layout passages --split heldout --count 6 --data DATA \\
         --methods "budgeted:seed=0" --retime --out FILE   # FILE holds those records: their cost timed again
 """
 
@@ -43,6 +43,7 @@ METHODS = ("budgeted", "budgeted:sources=given", "budgeted:budget=fast", "contex
 HEADS = {"sentences": ("Context: ", " ", "\nQuestion: {query}\nAnswer:"),
          "passages": ("Context:\n\n", "\n\n", "\n\nQuestion: {query}\nAnswer:")}
 HEADS["documents"] = HEADS["passages"]
+_CALLED: list[str] = []  # the methods called so far in this process (its first call does the first-use work)
 
 
 def layout(example, how: str) -> tuple[str, list[tuple[int, int]]]:
@@ -159,14 +160,14 @@ def main(argv: list[str] | None = None) -> int:
                 continue  # (no call to time)
             scores, took, settings, around = _run(model, tokenizer, prompt, name, options, response, whole, spans,
                                                   forward, len(done))
-            first = record["methods"].get(spec)
+            recorded = record["methods"].get(spec)
             scale = 1e-3 * (np.abs(scores).max() + 1e-12)  # (float rounding differs between CPUs)
-            if first is not None and not np.allclose(scores, first["scores"], rtol=1e-3, atol=scale):
-                raise RuntimeError(f"{example.id} {spec}: scores {scores.tolist()} where {first['scores']} were "
+            if recorded is not None and not np.allclose(scores, recorded["scores"], rtol=1e-3, atol=scale):
+                raise RuntimeError(f"{example.id} {spec}: scores {scores.tolist()} where {recorded['scores']} were "
                                    "recorded; a deterministic method read otherwise")
             timing = {"cost": took / float(np.mean(around)), "timing": "bracketed", "forward_around_s": around}
-            if first is not None:
-                timing["cost_first"] = first.get("cost_first", first["cost"])
+            if recorded is not None:
+                timing["cost_first"] = recorded.get("cost_first", recorded["cost"])
             record["methods"][spec] = {"lds": metrics.lds(scores, masks, truth), "scores": scores.tolist(),
                                        **settings, **timing}
             print(f"{example.id} {spec}: LDS {record['methods'][spec]['lds']:.3f} cost "
@@ -177,9 +178,6 @@ def main(argv: list[str] | None = None) -> int:
     Path(str(args.out) + ".md").write_text(table, encoding="utf-8")
     print(table)
     return 0
-
-_CALLED: list[str] = []  # the methods called so far in this process
-
 
 def _forward_seconds(model, ids: list[int]) -> float:
     """One plain forward pass over ``ids`` (logits at every position), timed."""
