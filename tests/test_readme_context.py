@@ -19,6 +19,8 @@ def test_the_check_reads_differences():
     shown = "response: 'x'\n   1       2      +6.39  The tower is 330 metres tall."
     assert context_example.same(shown, shown) == []
     assert context_example.same(shown, shown.replace("+6.39", "+6.391")) == []  # the last digit of a float32
+    assert context_example.same(shown, shown.replace("      +6.39", "     +6.390")) == []  # its column's padding
+    assert context_example.same(shown, shown.replace("The tower", "The  tower"))  # a text's own spaces still count
     assert context_example.same(shown, shown.replace("+6.39", "+5.157"))
     assert context_example.same(shown, shown.replace("tower", "Tower"))
     assert context_example.same(shown, shown + "\nmore")

@@ -63,15 +63,17 @@ def shown_in_readme(readme: str) -> str:
 
 
 def same(shown: str, fresh: str) -> list[str]:
-    """The differences between two outputs: texts exactly, scores to RTOL of the largest |score|."""
+    """The differences between two outputs: texts exactly (the spaces that align the columns aside), scores to RTOL
+    of the largest |score|."""
     number = re.compile(r"[+-]\d[\d.e+-]*")
     a, b = shown.splitlines(), fresh.splitlines()
     if len(a) != len(b):
         return [f"{len(a)} lines shown, {len(b)} printed"]
     scale = max([abs(float(v)) for line in b for v in number.findall(line)] or [1.0])
+    padded = re.compile(r"\s*" + number.pattern)  # (a score printed a digit shorter moves its column's padding)
     problems = []
     for old, new in zip(a, b):
-        if number.sub("#", old) != number.sub("#", new):
+        if padded.sub(" #", old) != padded.sub(" #", new):
             problems.append(f"shown {old!r}, printed {new!r}")
         elif any(abs(float(x) - float(y)) > RTOL * scale for x, y in zip(number.findall(old), number.findall(new))):
             problems.append(f"scores differ: shown {old!r}, printed {new!r}")
