@@ -14,6 +14,9 @@ alternating blocks of the ratio of one call to the call it is read against, run 
 - Batch-1 classification split: ``attribute_batch(prepare(model, tokenizer), inputs)`` (the call's arguments resolved,
   then its pass on the encoded text: lock, hooks, backbone, head on every position, scores) against ``model(**inputs)``
   on the same encoded text, so that what the call adds before and after its pass (tokenising, results) is the rest.
+- Generation, 2,048 tokens: ``calibrated_attention`` with the families SmolLM2's shipped weights read (``tokens``,
+  ``presence``, ``response_norm``; weights made for the tiny model and written to a temporary file: what a call costs
+  depends on its families, not their values) against the same forward.
 - Last: the classifier's own forward in ``torch.inference_mode`` against ``torch.no_grad`` (normx runs a method that
   never differentiates in the former); and whether compiling the reading's own work pays (:func:`compiled_reading`).
 
@@ -69,6 +72,29 @@ def least_normxlogit(model, tokenizer, text: str):
     label = int(every[0].argmax())
     return ((kept["x0"][0] * every[:, label]).numpy(), encoding.tokens, encoding.offsets,
             torch.softmax(every[0], -1).tolist())
+
+
+def calibrated(model, tokenizer, prompt: str, continuation: list[int]):
+    """A call of ``calibrated_attention`` on the prompt and continuation with the shipped preset's families, its
+    weights (all ones) made for ``model`` and written to a temporary file."""
+    import tempfile
+    from pathlib import Path
+
+    import numpy as np
+
+    import normx
+    from normx.methods.calibrated import weights as stored
+    from normx.methods.calibrated.readings import shape
+    from normx.models import get_adapter
+    from normx.models.identity import model_identity
+
+    families = ("tokens", "presence", "response_norm")
+    record = stored.make_record("calibrated_attention", model_identity(model), families,
+                                {family: np.ones((1, 1)) for family in families}, shape(model, get_adapter(model)),
+                                0.1, "logprob", 0.5, {"contexts": 0, "what": "timing only"})
+    path = stored.write(record, Path(tempfile.mkdtemp()) / "weights.json")
+    return lambda: normx.explain_generation(model, tokenizer, prompt, method="calibrated_attention",
+                                            target=continuation, weights=str(path))
 
 
 def compiled_reading(model, inputs, given, paired) -> str:
@@ -185,6 +211,9 @@ def main(argv: list[str] | None = None) -> int:
     show(f"| generation, {ids.shape[1]:,} tokens | the backbone, `use_cache=False` | the backbone as it runs by "
          f"default (a cache: its keys and values copied contiguous) | "
          f"{paired(backbone(use_cache=False), backbone(), blocks=24):.3f}× |")
+    show(f"| generation, {ids.shape[1]:,} tokens, {steps} steps | `calibrated_attention` (tokens, presence, "
+         f"response_norm) | `model(input_ids=ids, logits_to_keep={steps + 1})` | "
+         f"{paired(calibrated(model, tokenizer, prompt, continuation), own, blocks=16):.3f}× |")
     tokenize = lambda: tokenizer(prompt)  # noqa: E731
     show(f"| generation, {ids.shape[1]:,} tokens | the forward and tokenising the prompt | "
          f"`model(input_ids=ids, logits_to_keep={steps + 1})` | "

@@ -17,6 +17,7 @@ from normx._torch import torch
 from normx.core.handle import model_handle
 from normx.errors import InvalidInputError
 from normx.methods.calibrated import readings
+from normx.methods.decoder import presence
 from normx.methods.decoder.knockout import knockout_gradients
 from normx.methods.decoder.presence import presence_gradients
 
@@ -144,6 +145,28 @@ def test_bad_input_says_what_was_given():
         presence_gradients(handle, ids, length, SOURCES, "test", length)
     with pytest.raises(InvalidInputError, match="source 1 is empty"):
         presence_gradients(handle, ids, length, [[1, 2], []], "test")
+    with pytest.raises(InvalidInputError, match="the sources overlap"):
+        presence_gradients(handle, ids, length, [[1, 2, 3], [3, 4]], "test")
+
+
+def test_the_bias_is_built_without_a_loop_over_the_sources_as_one_would_write_it_per_source():
+    """The bias from per-key vectors equals the per-source rule written out: ``values[j]`` from each row after source
+    j's last token to its tokens; tokens in no source, and a source no row comes after, get none."""
+    rng = np.random.default_rng(0)
+    keys, first_row = 60, 35
+    cuts = np.sort(rng.choice(np.arange(2, keys), size=9, replace=False))
+    sources = [list(range(a, b)) for a, b in zip(cuts[::2], cuts[1::2])]  # gaps between them: tokens in no source
+    values = rng.uniform(-2, 0, len(sources))
+    owner, last = presence._owners(sources, keys, "test")
+    start = presence._after_rows(owner, last, first_row, keys - first_row)
+    got = presence._presence_bias(owner, start, keys - first_row, values, torch.float64, "cpu")[0, 0].numpy()
+    want = np.zeros((keys - first_row, keys))
+    for members, value in zip(sources, values):
+        for row in range(first_row, keys):
+            if row > max(members):
+                want[row - first_row, members] = value
+    np.testing.assert_array_equal(got, want)
+    assert (want != 0).any() and (want == 0).any()
 
 
 def test_each_source_may_have_its_own_presence(llama64):

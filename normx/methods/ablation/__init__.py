@@ -101,8 +101,10 @@ def spread(sources, scores: np.ndarray, total: int) -> np.ndarray:
     tokens (0 for a token in no source), so that a source's tokens' entries sum to its score."""
     scores = np.asarray(scores, np.float64)
     rows = np.zeros((scores.shape[1], total))
-    for members, values in zip(sources, scores):
-        rows[:, list(members)] = (values / len(members))[:, None]
+    sizes = np.array([len(members) for members in sources])
+    if len(sizes):  # every source's tokens at once (sources do not overlap)
+        which = np.repeat(np.arange(len(sizes)), sizes)
+        rows[:, [i for members in sources for i in members]] = (scores / sizes[:, None])[which].T
     return rows
 
 

@@ -33,6 +33,8 @@ import copy
 import inspect
 from collections.abc import Sequence
 
+import numpy as np
+
 from normx._torch import torch
 from normx.core.batch import id_tensor
 from normx.core.hooks import change_inputs
@@ -153,10 +155,16 @@ def hidden_source_outcomes(handle, ids: Sequence[int], prompt_length: int, sourc
     n, keys = total - prompt_length, total - 1
     _check_rows(sources, prompt_length, first_row, method, "the first row that cannot read the sources")
     dtype = next(model.parameters()).dtype
-    hide = torch.zeros(1 + len(sources), 1, total - 1 - first_row, keys, dtype=dtype, device=tensor.device)
-    for row, members in enumerate(sources, start=1):  # from the rows after the source (the response's always)
-        after = min(max(max(members) + 1, first_row), prompt_length - 1) - first_row
-        hide[row, :, after:, list(members)] = torch.finfo(dtype).min
+    # row j + 1 hides source j from the rows after it (the response's always), built at once from [sources, keys]
+    member = np.zeros((len(sources), keys), bool)
+    member[np.repeat(np.arange(len(sources)), [len(m) for m in sources]), [i for m in sources for i in m]] = True
+    after = np.clip([max(m) + 1 for m in sources], first_row, prompt_length - 1) - first_row
+    hidden = (torch.as_tensor(member, device=tensor.device)[:, None, :]
+              & (torch.arange(total - 1 - first_row, device=tensor.device)[None, :, None]
+                 >= torch.as_tensor(after, device=tensor.device)[:, None, None]))  # [sources, rows, keys]
+    low, zero = (torch.full((), value, dtype=dtype, device=tensor.device) for value in (torch.finfo(dtype).min, 0))
+    hide = torch.cat([torch.zeros(1, *hidden.shape[1:], dtype=dtype, device=tensor.device),
+                      torch.where(hidden, low, zero)])[:, None]
     targets = tensor[0, prompt_length:]
     log_p = torch.zeros(1 + len(sources), n, dtype=torch.float64)
     logits = None

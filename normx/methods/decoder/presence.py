@@ -49,16 +49,33 @@ from normx.methods.decoder.norm_rows import NormRows
 HALF = 0.5
 
 
-def _presence_bias(sources: Sequence[Sequence[int]], rows: np.ndarray, keys: int, values: Sequence[float], dtype,
+def _owners(members: Sequence[Sequence[int]], keys: int, method: str) -> tuple[np.ndarray, np.ndarray]:
+    """(each key's source or -1 [keys], each source's last token [sources]); a token in two sources is refused."""
+    owner = np.full(keys, -1, np.int64)
+    flat = np.fromiter((i for m in members for i in m), np.int64)
+    which = np.repeat(np.arange(len(members)), [len(m) for m in members])
+    if len(np.unique(flat)) != len(flat):
+        raise InvalidInputError(f"{method}: the sources overlap; each token may be in one source only")
+    owner[flat] = which
+    return owner, np.array([m[-1] for m in members], np.int64)
+
+
+def _after_rows(owner: np.ndarray, last: np.ndarray, first_row: int, rows: int) -> np.ndarray:
+    """[keys]: the index (among the ``rows`` rows from ``first_row``) of the first row after each key's source, or
+    ``rows`` for a key in no source or a source no row comes after."""
+    start = np.where(owner >= 0, last[np.maximum(owner, 0)] + 1 - first_row, rows)
+    return np.clip(start, 0, rows)
+
+
+def _presence_bias(owner: np.ndarray, start: np.ndarray, rows: int, values: Sequence[float], dtype,
                    device) -> torch.Tensor:
-    """[1, 1, rows, keys]: ``values[j]`` where a row comes after source j's last token and the key is one of its
-    tokens, 0 elsewhere."""
-    bias = torch.zeros(1, 1, len(rows), keys, dtype=dtype, device=device)
-    for members, value in zip(sources, values):
-        after = torch.as_tensor(rows > max(members), device=device)
-        if after.any():
-            bias[0, 0, after.nonzero()[:, 0][:, None], torch.as_tensor(list(members), device=device)[None]] = value
-    return bias
+    """[1, 1, rows, keys]: ``values[j]`` where a row comes after source j's last token (row index >= ``start`` of
+    the key) and the key is one of its tokens, 0 elsewhere; built on the device from per-key vectors (no loop over
+    the sources)."""
+    per_key = torch.as_tensor(np.where(owner >= 0, np.asarray(values, np.float64)[np.maximum(owner, 0)], 0.0),
+                              dtype=dtype, device=device)
+    after = torch.arange(rows, device=device)[:, None] >= torch.as_tensor(start, device=device)[None]
+    return torch.where(after, per_key[None], torch.zeros((), dtype=dtype, device=device))[None, None].contiguous()
 
 
 def _presences(presence, count: int, method: str) -> list[float]:
@@ -102,7 +119,9 @@ def presence_gradients(handle, ids: Sequence[int], prompt_length: int, sources: 
     _check_rows(members, prompt_length, first_row, method, "the first row the gradient is taken through")
     logs = [math.log(p) for p in _presences(presence, len(members), method)]
     dtype = next(model.parameters()).dtype
-    rows = np.arange(first_row, keys)
+    rows = keys - first_row
+    owner, last = _owners(members, keys, method)
+    start = _after_rows(owner, last, first_row, rows)
     reader = NormRows(model, len(modules), heads, n, method) if norm else None
     with handle.using():
         with reader.values() if reader else nullcontext():
@@ -111,17 +130,15 @@ def presence_gradients(handle, ids: Sequence[int], prompt_length: int, sources: 
                 # the model's own logits for the response: the last rows on a copy of the cache
                 plain = _rows_forward(model, modules, tensor, first_row, n, keywords, copy.deepcopy(cache), None,
                                       method).logits[0, -n:].float()
-        leaf = _presence_bias(members, rows, keys, logs, dtype, tensor.device).requires_grad_(True)
+        leaf = _presence_bias(owner, start, rows, logs, dtype, tensor.device).requires_grad_(True)
         with torch.enable_grad():
             out = _rows_forward(model, modules, tensor, first_row, n, keywords, cache, lambda _key: leaf, method)
             scores = out.logits[0, -n:]  # (in float32 at least)
             scores = torch.log_softmax(scores.to(torch.promote_types(scores.dtype, torch.float32)), -1)
             chosen = scores.gather(1, tensor[0, prompt_length:, None]).sum()
             (grad,) = torch.autograd.grad(chosen, leaf)
+    # each key's gradients summed over the rows after its source: the rows' suffix sums read at the key's first row
     grad = grad[0, 0].double()
-    g = np.zeros(prompt_length)
-    for m in members:
-        after = torch.as_tensor(rows > m[-1], device=grad.device)
-        if after.any():
-            g[m] = grad[after][:, m].sum(0).cpu().numpy()
+    suffix = torch.cat([grad.flip(0).cumsum(0).flip(0), grad.new_zeros(1, keys)])  # [rows + 1, keys]
+    g = suffix.gather(0, torch.as_tensor(start, device=grad.device)[None])[0, :prompt_length].cpu().numpy()
     return Presence(g, plain, None if reader is None else reader.result().double().cpu().numpy())
