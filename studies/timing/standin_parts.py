@@ -17,6 +17,9 @@ alternating blocks of the ratio of one call to the call it is read against, run 
 - Generation, 2,048 tokens: ``calibrated_attention`` with the families SmolLM2's shipped weights read (``tokens``,
   ``presence``, ``response_norm``; weights made for the tiny model and written to a temporary file: what a call costs
   depends on its families, not their values) against the same forward.
+- Batch-1 classification, counted: the Python-level calls (functions and built-ins, ``sys.setprofile``) each of the
+  three calls above makes, the same on every machine: on a 40-token text through a 2-block model the forward itself
+  is about a thousand of them, so what normx adds is read in calls as well as in time.
 - Last: the classifier's own forward in ``torch.inference_mode`` against ``torch.no_grad`` (normx runs a method that
   never differentiates in the former); and whether compiling the reading's own work pays (:func:`compiled_reading`).
 
@@ -72,6 +75,25 @@ def least_normxlogit(model, tokenizer, text: str):
     label = int(every[0].argmax())
     return ((kept["x0"][0] * every[:, label]).numpy(), encoding.tokens, encoding.offsets,
             torch.softmax(every[0], -1).tolist())
+
+
+def python_calls(call) -> int:
+    """The Python-level calls (function calls and built-in calls) ``call()`` makes, after one call to warm it."""
+    import sys
+
+    call()
+    count = [0]
+
+    def counted(_frame, event, _arg):
+        if event in ("call", "c_call"):
+            count[0] += 1
+
+    sys.setprofile(counted)
+    try:
+        call()
+    finally:
+        sys.setprofile(None)
+    return count[0]
 
 
 def calibrated(model, tokenizer, prompt: str, continuation: list[int]):
@@ -162,6 +184,11 @@ def main(argv: list[str] | None = None) -> int:
          f"{paired(lambda: normx.explain(model, tokenizer, text), forward, repeat=10):.3f}× |")
     show(f"| classification, 40 tokens | the least NormXLogit call (above) | {against} | "
          f"{paired(lambda: least_normxlogit(model, tokenizer, text), forward, repeat=10):.3f}× |")
+    calls = {name: python_calls(fn) for name, fn in (("forward", forward), ("explain", lambda: normx.explain(
+        model, tokenizer, text)), ("least", lambda: least_normxlogit(model, tokenizer, text)))}
+    show(f"| classification, 40 tokens | Python-level calls: `normx.explain` {calls['explain']:,}, the least "
+         f"NormXLogit call {calls['least']:,} | {against}: {calls['forward']:,} | "
+         f"{calls['explain'] / calls['forward']:.3f}× |")
     inputs = tokenizer(text, return_tensors="pt")
     from normx.explanations.explain import attribute_batch, prepare
 
