@@ -25,7 +25,7 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from operator import attrgetter
 
 from normx._torch import nn
@@ -98,20 +98,9 @@ class ModelLock:
         finally:
             self._set(mode, depth)
 
-    @contextmanager
-    def shared(self) -> Iterator[None]:
-        mode, depth = self._hold()
-        if mode is not None:  # nested: already shared or exclusive
-            with self._nested(mode, depth):
-                yield
-            return
-        self._acquire_shared()
-        self._set(_SHARED, 1)
-        try:
-            yield
-        finally:
-            self._set(None, 0)
-            self._release_shared()
+    def shared(self) -> _SharedHold:
+        """A context manager holding the lock shared (only the depth changes inside a hold this thread has)."""
+        return _SharedHold(self)
 
     @contextmanager
     def exclusive(self) -> Iterator[None]:
@@ -144,6 +133,32 @@ class ModelLock:
     def held_by_this_thread(self) -> str | None:
         """``"shared"``, ``"exclusive"`` or ``None``."""
         return self._hold()[0]
+
+
+class _SharedHold:
+    """:meth:`ModelLock.shared` (a class, not a generator: it is entered on every batch of every call)."""
+
+    __slots__ = ("_lock", "_was")
+
+    def __init__(self, lock: ModelLock) -> None:
+        self._lock = lock
+
+    def __enter__(self) -> None:
+        lock = self._lock
+        self._was = mode, depth = getattr(lock._local, "hold", _FREE)
+        if mode is not None:  # nested: already shared or exclusive
+            lock._local.hold = (mode, depth + 1)
+            return
+        lock._acquire_shared()
+        lock._local.hold = (_SHARED, 1)
+
+    def __exit__(self, *exc) -> None:
+        lock = self._lock
+        if self._was[0] is not None:
+            lock._local.hold = self._was
+            return
+        lock._local.hold = _FREE
+        lock._release_shared()
 
 
 _MODEL_LOCKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -184,8 +199,7 @@ def _any_training(model: nn.Module) -> bool:
     return model.training or any(map(_TRAINING, submodules(model)))
 
 
-@contextmanager
-def using(model: nn.Module, lock: ModelLock | None = None) -> Iterator[None]:
+def using(model: nn.Module, lock: ModelLock | None = None) -> _Using:
     """A stretch of normx work on ``model`` (one batch: its forward passes and head calls) in eval mode.
 
     Holds the model's lock (``lock``, already looked up by the caller's :class:`~normx.core.handle.ModelHandle`, or
@@ -193,13 +207,42 @@ def using(model: nn.Module, lock: ModelLock | None = None) -> Iterator[None]:
     stretch while the lock is held exclusively, and its training flags are restored before the lock is released:
     other normx calls on it wait meanwhile, and never see it half switched.
     """
-    lock = model_lock(model) if lock is None else lock
-    with lock.shared():  # the flags are read under the lock: nobody is switching them meanwhile
-        if lock.held_by_this_thread == _EXCLUSIVE or not _any_training(model):
-            yield  # (inside an exclusive hold the caller already switched what it needs)
+    return _Using(model, model_lock(model) if lock is None else lock)
+
+
+class _Using:
+    """:func:`using` (a class, not a generator: it is entered on every batch of every call)."""
+
+    __slots__ = ("_held", "_lock", "_model")
+
+    def __init__(self, model: nn.Module, lock: ModelLock) -> None:
+        self._model, self._lock = model, lock
+
+    def __enter__(self) -> None:
+        lock, model = self._lock, self._model
+        held = lock.shared()
+        held.__enter__()  # the flags are read under the lock: nobody is switching them meanwhile
+        try:
+            plain = lock.held_by_this_thread == _EXCLUSIVE or not _any_training(model)
+        except BaseException:
+            held.__exit__(None, None, None)
+            raise
+        if plain:  # (inside an exclusive hold the caller already switched what it needs)
+            self._held = held
             return
-    with lock.exclusive(), _eval_mode(model):  # a model in training mode
-        yield
+        held.__exit__(None, None, None)
+        switched = ExitStack()  # a model in training mode
+        try:
+            switched.enter_context(lock.exclusive())
+            switched.enter_context(_eval_mode(model))
+        except BaseException:
+            switched.close()
+            raise
+        self._held = switched
+
+    def __exit__(self, kind, value, trace) -> bool:
+        held, self._held = self._held, None
+        return bool(held.__exit__(kind, value, trace))
 
 
 @contextmanager

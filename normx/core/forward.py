@@ -38,12 +38,14 @@ class Pass:
     pooled: torch.Tensor | None = None  # [B] position of the pooled token
     mask_token_id: int | None = None  # masked-LM heads: the prediction is read at this token
     reads: tuple[int, ...] = ()  # more layers to capture
+    num_layers: int | None = None  # the model's blocks, where the caller has counted them (else counted here)
     _normed: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)  # decoders: norm(x^L)
     _every: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)  # every_head's runs, by layer
 
     def run(self) -> Pass:
         model, adapter = self.model, self.adapter
-        layers = sorted(set(self.layers) | set(self.reads) | {adapter.num_layers(model)})
+        last = adapter.num_layers(model) if self.num_layers is None else self.num_layers
+        layers = sorted(set(self.layers) | set(self.reads) | {last})
         # only the norms of x^0 are kept, not x^0 itself
         with capture_layers(model, adapter, layers, self.embedding, x0=_norms) as captured:
             model.base_model(**self.inputs, **adapter.forward_kwargs)

@@ -162,6 +162,9 @@ def encode(tokenizer, texts: list[str], pairs: list[str] | None, max_length: int
         pair = pairs[i] if pairs is not None else None
         warnings = []
         parts = _from_encoding(found[i], keep) if found is not None else _from_batch(batch, i, keep)
+        # the Rust encoding's own token strings: its vocabulary's, as convert_ids_to_tokens reads them (transformers'
+        # own class: _plain_encoding), without a second look-up
+        tokens = list(found[i].tokens) if found is not None else None
         n = len(parts[0])
         if n > max_length:
             what = f"input {i} has {n} tokens, more than the model's {max_length}"
@@ -171,12 +174,12 @@ def encode(tokenizer, texts: list[str], pairs: list[str] | None, max_length: int
                 enc = tokenizer([text], None if pair is None else [pair],
                                 truncation="longest_first" if pair is not None else True, max_length=max_length,
                                 **kwargs)
-            parts = _from_batch(enc, 0, keep)
+            parts, tokens = _from_batch(enc, 0, keep), None
             warnings.append(f"{what}: truncated to {max_length} tokens")
         ids, offsets, seq_ids, special, extra = parts
         warnings.extend(unknown_pieces(tokenizer, ids, offsets, text, pair, seq_ids))
         segments = _segments(seq_ids, special, pair is not None)
-        out.append(Encoded(text=text, text_pair=pair, ids=ids, tokens=vocabulary_names(tokenizer, ids),
+        out.append(Encoded(text=text, text_pair=pair, ids=ids, tokens=tokens or vocabulary_names(tokenizer, ids),
                            offsets=offsets, segments=segments, special=special, extra=extra, warnings=warnings))
     return out
 

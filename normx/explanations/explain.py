@@ -73,17 +73,19 @@ def explain(model, tokenizer, texts: str | Sequence[str], method: str = "normxlo
                    **options)
     base, adapter = plan.base, plan.adapter
     limit = resolve_max_length(max_length, tokenizer, plan.handle)
+    param = first_parameter(base)  # (its device: where the inputs go, ModelHandle.device; its dtype: the settings)
     encoded = encode(tokenizer, texts, pairs, limit, truncation)
     warn_user(encoded)
     if adapter.kind is HeadKind.MASKED_LM and tokenizer.mask_token_id is None:
         raise InvalidInputError(f"{type(base).__name__} has a masked-LM head but its tokenizer has no mask token")
     settings = {"method": plan.method.name, "target": target, "foil": foil, "layer": layer, "embedding": embedding,
-                **model_settings(plan.handle), "max_length": limit, "label_dependent": plan.method.label_dependent,
+                **model_settings(plan.handle, param), "max_length": limit,
+                "label_dependent": plan.method.label_dependent,
                 "reading": plan.method.reading_for(plan.options, regression=plan.labels.regression,
                                                    foil=foil is not None),
                 **plan.options}
     results: list[Explanation] = []
-    for items, inputs in batches(encoded, plan.handle.rows_per_pass(batch_size), tokenizer, plan.handle.device):
+    for items, inputs in batches(encoded, plan.handle.rows_per_pass(batch_size), tokenizer, param.device):
         out = attribute_batch(plan, inputs)
         scores = out.scores.cpu().numpy()
         diagnostics = {name: value.float().cpu() for name, value in out.diagnostics.items()}
@@ -115,6 +117,7 @@ class Plan:
     embedding: str
     mask_token_id: int | None
     reads: tuple[int, ...] = ()  # every layer the method's scores read, ``layers`` included (``Method.capture``)
+    num_layers: int | None = None  # the model's blocks (its last layer), as the plan was resolved
 
     @property
     def model(self) -> torch.nn.Module:
@@ -142,6 +145,9 @@ class BatchAttribution:
     run: Pass  # the forward pass the scores read (located only, for methods that run their own)
 
 
+_PLAIN = "the plain call"  # (a key_of key starts with a tuple: never this)
+
+
 def prepare(model, tokenizer, method: str = "normxlogit", target=None, layer=None, *, foil=None,
             embedding: str = "layer", pair: bool = False, **options) -> Plan:
     """Check and resolve :func:`explain`'s arguments (same meaning; ``pair``: text pairs will be given) into a
@@ -152,13 +158,15 @@ def prepare(model, tokenizer, method: str = "normxlogit", target=None, layer=Non
     handle = model_handle(model)
     base, adapter = handle.base, handle.adapter
     tokens = adapter.kind.vocabulary and (target is not None or foil is not None)  # resolved from the vocabulary
-    key = None if tokens else key_of(target, layer, foil, embedding, pair, options)
+    plain = target is None and layer is None and foil is None and not options and type(pair) is bool
+    key = None if tokens else (_PLAIN, embedding, pair) if plain and type(embedding) is str else key_of(
+        target, layer, foil, embedding, pair, options)  # (the plain call's key without reading each argument)
     resolved = kept_plan(base, tokenizer, key and (chosen.name, id(chosen), *key),  # (the value holds chosen)
                          lambda: _resolve(handle, tokenizer, chosen, target, layer, foil, embedding, pair, options))
     mask_token_id = tokenizer.mask_token_id if adapter.kind is HeadKind.MASKED_LM else None  # (read where used)
     columns = None if resolved.target_columns is None else list(resolved.target_columns)  # (a caller's own copies)
     return Plan(handle, chosen, dict(resolved.options), resolved.labels, columns, resolved.foil_column,
-                list(resolved.layers), embedding, mask_token_id, resolved.reads)
+                list(resolved.layers), embedding, mask_token_id, resolved.reads, resolved.num_layers)
 
 
 @dataclass(frozen=True)
@@ -173,6 +181,7 @@ class _Resolved:
     foil_column: int | None
     layers: list[int]
     reads: tuple[int, ...]
+    num_layers: int
 
 
 def _resolve(handle: ModelHandle, tokenizer, chosen: Method, target, layer, foil, embedding: str, pair: bool,
@@ -203,7 +212,7 @@ def _resolve(handle: ModelHandle, tokenizer, chosen: Method, target, layer, foil
     else:
         layers = [0]
     return _Resolved(chosen, options, labels, target_columns, foil_column, layers,
-                     tuple(chosen.capture(layers, num_layers, options)))
+                     tuple(chosen.capture(layers, num_layers, options)), num_layers)
 
 
 def attribute_batch(plan: Plan, inputs: dict[str, torch.Tensor], columns: torch.Tensor | None = None,
@@ -226,7 +235,7 @@ def attribute_batch(plan: Plan, inputs: dict[str, torch.Tensor], columns: torch.
     foil = None if plan.foil_column is None else torch.full(ids.shape[:1], plan.foil_column, device=ids.device)
     with plan.handle.using(), plan.method.grad_mode():
         run = Pass(plan.base, plan.adapter, inputs, plan.layers, plan.embedding, mask_token_id=plan.mask_token_id,
-                   reads=plan.reads)
+                   reads=plan.reads, num_layers=plan.num_layers)
         if plan.method.predicts:  # its own forward pass makes the prediction (ctx.predict)
             ctx = Context(run.locate(), plan.labels, None, foil, options=plan.options, select=select)
             scores = plan.method.compute(ctx).float()
@@ -271,10 +280,11 @@ def parse_layers(layer, num_layers: int, default: str) -> list[int]:
     return sorted(set(out))
 
 
-def model_settings(handle: ModelHandle) -> dict:
-    """What a result records of the model: its class, whether PEFT wraps it, its dtype and device."""
+def model_settings(handle: ModelHandle, param=None) -> dict:
+    """What a result records of the model: its class, whether PEFT wraps it, its dtype and device (of ``param``, its
+    first parameter, where the caller has read it)."""
     base = handle.base
-    param = first_parameter(base)
+    param = first_parameter(base) if param is None else param
     return {"model_class": handle.name, "peft": base is not handle.model,
             "dtype": None if param is None else str(param.dtype).replace("torch.", ""),
             "device": None if param is None else str(param.device)}

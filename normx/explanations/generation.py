@@ -346,7 +346,8 @@ def _all_steps(plan: Plan, inputs: dict, columns: torch.Tensor, queries: torch.T
     if method.query_rows is None:
         out = attribute_batch(plan, inputs, columns, prediction=False)  # (a per-position method: never read)
         return out.scores, out.run, dict(out.diagnostics)
-    run = Pass(plan.base, plan.adapter, inputs, plan.layers, plan.embedding, reads=plan.reads).locate()
+    run = Pass(plan.base, plan.adapter, inputs, plan.layers, plan.embedding, reads=plan.reads,
+               num_layers=plan.num_layers).locate()
     ctx = Context(run, plan.labels, columns, None, options=plan.options)
     with plan.handle.using(), method.grad_mode():
         every = method.query_rows(ctx, queries).float()

@@ -30,7 +30,9 @@ T = TypeVar("T")
 
 _COUNTER = itertools.count(1)
 _version = 0  # the number of module registrations seen (in any module tree of the process)
-_KEPT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> _Tree
+# id(model) -> (a weak reference to the model, its _Tree); the entry goes with the model. Read without the lock (a dict
+# read is atomic), written under it
+_KEPT: dict[int, tuple[weakref.ref, _Tree]] = {}
 _LOCK = threading.Lock()
 
 
@@ -94,18 +96,22 @@ def _children(containers: tuple) -> list[tuple[int, int]]:
 
 
 def _tree(model: nn.Module) -> _Tree:
-    version = tree_version()
-    with _LOCK:
-        tree = _KEPT.get(model)
-    if tree is not None and tree.version == version and tree.children == _children(tree.containers):
-        return tree
+    version = _version if _installed else tree_version()
+    entry = _KEPT.get(id(model))
+    if entry is not None and entry[0]() is model:
+        tree = entry[1]
+        if tree.version == version and tree.children == [(id(children), len(children)) for children in (
+                container.__dict__["_modules"] for container in tree.containers)]:  # (_children, inline: every call)
+            return tree
     modules = _walk(model)
     containers = _containers(model, modules)
     tree = _Tree(version, modules, containers, _children(containers))
+    key = id(model)
     with _LOCK:
         for module in (model, *modules):
             _know(module)
-        _KEPT[model] = tree
+        _KEPT[key] = (weakref.ref(model, lambda ref: _KEPT.pop(key) if _KEPT.get(key, (None,))[0] is ref else None),
+                      tree)
     return tree
 
 

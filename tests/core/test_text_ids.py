@@ -73,3 +73,14 @@ def test_encode_reads_the_same_from_the_rust_encodings(name, monkeypatch):
             encode(tokenizer, TEXTS, None, 6, "warn")]
     assert fast == slow
     assert any(item.warnings for item in fast[2]) and fast[1][0].segments.count(1) > 0
+
+
+@pytest.mark.parametrize("name", sorted(_tokenizers()))
+def test_encoded_tokens_are_the_vocabularys_own_strings(name):
+    """``encode`` takes each token's string from the Rust encoding it made: the same as ``convert_ids_to_tokens``,
+    with pairs and special tokens, and on the truncating path (which reads them from the vocabulary)."""
+    tokenizer = _tokenizers()[name]
+    tokenizer("x")
+    for text in TEXTS:
+        for item in encode(tokenizer, [text], [TEXTS[0]], 10_000, "warn") + encode(tokenizer, [text], None, 6, "warn"):
+            assert item.tokens == tokenizer.convert_ids_to_tokens(item.ids), text
