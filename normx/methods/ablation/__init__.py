@@ -104,7 +104,7 @@ def spread(sources, scores: np.ndarray, total: int) -> np.ndarray:
     sizes = np.array([len(members) for members in sources])
     if len(sizes):  # every source's tokens at once (sources do not overlap)
         which = np.repeat(np.arange(len(sizes)), sizes)
-        rows[:, [i for members in sources for i in members]] = (scores / sizes[:, None])[which].T
+        rows[:, np.concatenate([np.asarray(m, np.int64) for m in sources])] = (scores / sizes[:, None])[which].T
     return rows
 
 

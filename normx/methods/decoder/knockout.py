@@ -157,7 +157,9 @@ def hidden_source_outcomes(handle, ids: Sequence[int], prompt_length: int, sourc
     dtype = next(model.parameters()).dtype
     # row j + 1 hides source j from the rows after it (the response's always), built at once from [sources, keys]
     member = np.zeros((len(sources), keys), bool)
-    member[np.repeat(np.arange(len(sources)), [len(m) for m in sources]), [i for m in sources for i in m]] = True
+    if sources:
+        member[np.repeat(np.arange(len(sources)), [len(m) for m in sources]),
+               np.concatenate([np.asarray(m, np.int64) for m in sources])] = True
     after = np.clip([max(m) + 1 for m in sources], first_row, prompt_length - 1) - first_row
     hidden = (torch.as_tensor(member, device=tensor.device)[:, None, :]
               & (torch.arange(total - 1 - first_row, device=tensor.device)[None, :, None]

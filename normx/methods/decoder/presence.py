@@ -52,7 +52,7 @@ HALF = 0.5
 def _owners(members: Sequence[Sequence[int]], keys: int, method: str) -> tuple[np.ndarray, np.ndarray]:
     """(each key's source or -1 [keys], each source's last token [sources]); a token in two sources is refused."""
     owner = np.full(keys, -1, np.int64)
-    flat = np.fromiter((i for m in members for i in m), np.int64)
+    flat = np.concatenate([np.asarray(m, np.int64) for m in members]) if members else np.zeros(0, np.int64)
     which = np.repeat(np.arange(len(members)), [len(m) for m in members])
     if len(np.unique(flat)) != len(flat):
         raise InvalidInputError(f"{method}: the sources overlap; each token may be in one source only")
