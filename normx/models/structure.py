@@ -100,8 +100,7 @@ def _tree(model: nn.Module) -> _Tree:
     entry = _KEPT.get(id(model))
     if entry is not None and entry[0]() is model:
         tree = entry[1]
-        if tree.version == version and tree.children == [(id(children), len(children)) for children in (
-                container.__dict__["_modules"] for container in tree.containers)]:  # (_children, inline: every call)
+        if tree.version == version and tree.children == _children(tree.containers):
             return tree
     modules = _walk(model)
     containers = _containers(model, modules)
