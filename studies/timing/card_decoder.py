@@ -32,8 +32,8 @@ import time
 from pathlib import Path
 
 from studies.settings import provenance
+from studies.timing.long_context_memory import STEPS, sequence
 
-STEPS = 32
 LENGTHS = (2048, 8192, 32768)
 METHODS = ("forward", "normxlogit", "norm_attention", "calibrated_attention", "contextcite@32", "gradient_x_input")
 PASSES = {"forward": 1, "normxlogit": 1.1, "norm_attention": 1.3, "calibrated_attention": 2, "contextcite@32": 33,
@@ -44,10 +44,6 @@ SHAPES = {  # Mistral-7B-v0.1's architecture; "tiny": the same layout, small, fo
     "tiny": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
              "num_key_value_heads": 2},
 }
-PARAGRAPH = ("The river town wakes before the sun. Fishermen check their nets, bakers pull the first loaves from "
-             "stone ovens, and the ferry's bell carries across the water while the mist still hangs low. By noon "
-             "the market is loud with traders from the hills, selling wool, honey and dried apricots, and children "
-             "run between the stalls. In the evening the lamps are lit one by one along the quay. ")
 
 
 def build(shape: str, device: str, dtype: str, longest: int):
@@ -73,18 +69,6 @@ def build(shape: str, device: str, dtype: str, longest: int):
     finally:
         torch.set_default_dtype(previous)
     return model, tokenizer
-
-
-def sequence(tokenizer, tokens: int) -> tuple[str, list[int]]:
-    """(prompt text, the 32 target ids): the prompt and the target together ``tokens`` tokens."""
-    ids = tokenizer(PARAGRAPH * (tokens // 60 + 2), add_special_tokens=False)["input_ids"]
-    cut = tokens - STEPS
-    while True:
-        prompt = tokenizer.decode(ids[:cut])
-        again = len(tokenizer(prompt)["input_ids"])
-        if again == tokens - STEPS:
-            return prompt, ids[cut:cut + STEPS]
-        cut += (tokens - STEPS) - again
 
 
 def calls(model, tokenizer, prompt: str, target: list[int], weights: str) -> dict:
@@ -170,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
                      "parameters": sum(p.numel() for p in model.parameters()), "weights": "random, seed 0"},
            "build_seconds": time.perf_counter() - started, **provenance(), "cases": []}
     for index, length in enumerate(args.lengths):
-        prompt, target = sequence(tokenizer, length)
+        prompt, _, target = sequence(tokenizer, length)  # (long_context_memory's: the same paragraph)
         run = calls(model, tokenizer, prompt, target, weights)
         if index == 0:  # the first call's one-time work, not timed
             for method in args.methods:
