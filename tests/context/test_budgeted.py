@@ -14,7 +14,7 @@ import normx
 from normx.core.handle import model_handle
 from normx.core.inputs import Encoded
 from normx.errors import InvalidInputError
-from normx.methods.ablation import ablation_masks, budgeted, prefix
+from normx.methods.ablation import ablation_masks, budgeted, planning, prefix
 from normx.methods.ablation.forwards import outcomes
 from normx.methods.ablation.sources import auto_split, question_start
 from normx.methods.calibrated import weights as stored
@@ -116,7 +116,7 @@ def test_budgeted_scores_are_the_surrogate_of_its_masks(llama):
     assert tok.decode(g.token_ids[spans[-1][0]:spans[-1][1]]).strip() == "it was long."  # the question is none
     assert settings["passes"] <= 4 and settings["masks"] >= 2
     sources = [list(range(a, b)) for a, b in spans]
-    masks = budgeted.plan_masks(sources, g.prompt_length, g.steps, 4.0, 0, True, budgeted.Costs.of(model), 8)
+    masks = planning.plan_masks(sources, g.prompt_length, g.steps, 4.0, 0, True, planning.Costs.of(model), 8)
     assert len(masks) == settings["masks"]
     keeps = np.vstack([np.ones((1, len(sources)), bool), masks])  # the whole pass is a mask that keeps them all
     by_hand = np.array([_by_hand(model, list(g.token_ids), g.prompt_length, sources, m).sum() for m in keeps])
@@ -158,18 +158,18 @@ def test_threads_sharing_one_model_get_what_they_get_alone(llama):
 def test_a_mask_costs_what_its_pass_reads():
     """Closed form: a masked pass on a cut cache reads every key of the pass from every query (a rectangle, through
     its explicit mask); a whole pass reads the keys before each token (a triangle); both in plain passes."""
-    costs = budgeted.Costs(body=100.0, head=40.0, attention=3.0)
+    costs = planning.Costs(body=100.0, head=40.0, attention=3.0)
     sources, prompt, steps = [list(range(0, 10)), list(range(10, 20))], 24, 2  # tokens 20-23: the question
     masks = np.array([[1, 0], [0, 1]])
     plain = costs.plain(prompt + steps)
     assert plain == (prompt + steps) * (100 + 40) + 3.0 * sum(range(1, prompt + steps + 1))
     call = prefix.CALL_ROWS * 100.0
-    shared = budgeted.mask_costs(sources, masks, prompt, steps, True, costs)
+    shared = planning.mask_costs(sources, masks, prompt, steps, True, costs)
     # [1, 0]: from token 10 on, the question's 4 and the 2 steps, each reading 10 cached keys and the pass's 6
     assert shared[0] == pytest.approx((6 * 100 + 3.0 * 6 * 16 + steps * 40 + call) / plain)
     # [0, 1]: from token 0 on, 10 + 4 + 2 tokens on no cache
     assert shared[1] == pytest.approx((16 * 100 + 3.0 * 16 * 16 + steps * 40 + call) / plain)
-    whole = budgeted.mask_costs(sources, masks, prompt, steps, False, costs)
+    whole = planning.mask_costs(sources, masks, prompt, steps, False, costs)
     assert whole[0] == pytest.approx((16 * 100 + 3.0 * sum(range(1, 17)) + steps * 40 + call) / plain)
 
 
@@ -217,6 +217,7 @@ def test_prior_from_calibrated_weights(llama, tmp_path, monkeypatch):
     settings, response = g.settings, list(g.token_ids[g.prompt_length:])
     spans = settings["source_spans"]
     assert settings["prior"] == "calibrated_attention" and settings["masks"] >= 2
+    assert settings["prior_shared"]  # (tokens and presence: read on the whole pass's cache)
     own = normx.explain_generation(model, tok, PROMPT, method="calibrated_attention", target=response, sources=spans)
     prior = [float(np.nansum(own.scores[0][:, a:b])) for a, b in spans]
     np.testing.assert_allclose(settings["prior_scores"], prior, rtol=1e-5, atol=1e-7)
@@ -299,10 +300,10 @@ def test_the_finer_stage_scores_the_sentences_of_the_passages_that_weigh_most(ll
     units = [list(range(a, b)) for a, b in found["sentences"]]
     assert len(units) == 2 * len(top)  # two sentences in each refined passage
     assert all(any(set(u) <= set(passages[j]) for j in top) for u in units)
-    masks = budgeted.plan_masks(
-        units, g.prompt_length, g.steps, 8.0, 0, True, budgeted.Costs.of(model), 8,
-        spent=float(budgeted.mask_costs(passages, np.array(settings["design"], bool)[1:], g.prompt_length, g.steps,
-                                        True, budgeted.Costs.of(model), 8).sum()))
+    masks = planning.plan_masks(
+        units, g.prompt_length, g.steps, 8.0, 0, True, planning.Costs.of(model), 8,
+        spent=float(planning.mask_costs(passages, np.array(settings["design"], bool)[1:], g.prompt_length, g.steps,
+                                        True, planning.Costs.of(model), 8).sum()))
     keeps = np.vstack([np.ones((1, len(units)), bool), masks])
     assert len(masks) == found["masks"]
     by_hand = np.array([_by_hand(model, list(g.token_ids), g.prompt_length, units, m).sum() for m in keeps])

@@ -1,8 +1,8 @@
 """The response's norm-based attention rows read in the presence reading's plain pass on a cache
 (normx.methods.decoder.norm_rows): equal to the ``norm`` family of one eager pass over the whole sequence summed over
 blocks and heads (another reading, per architecture family: grouped-query, fused and Conv1D projections); the
-presence gradients do not change when they are read; the calibrated family built on them; threads; a refused
-model."""
+presence gradients do not change when they are read; read on the cut cache of a pass over the whole sequence, as
+read on their own; the calibrated family built on them; threads; a refused model."""
 
 from __future__ import annotations
 
@@ -12,10 +12,13 @@ import tiny
 from threads import in_threads
 
 from normx._torch import torch
+from normx.core.batch import Encoded
 from normx.core.handle import model_handle
 from normx.errors import UnsupportedModelError
+from normx.methods.ablation.prefix import Prefix
 from normx.methods.calibrated import readings
 from normx.methods.decoder.presence import presence_gradients
+from normx.methods.response import ResponseContext
 
 SOURCES = [[1, 2, 3], [4, 5, 6, 7], [8, 9], [10, 11, 12]]
 
@@ -50,6 +53,34 @@ def test_the_rows_are_the_norm_family_of_one_whole_pass(model_type, name, first_
     assert plain.norm is None
     np.testing.assert_allclose(reading.gradients, plain.gradients, rtol=1e-5, atol=1e-7)  # the same reading
     torch.testing.assert_close(reading.logits, plain.logits, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(("model_type", "name"), [
+    ("llama", "LlamaForCausalLM"), ("qwen2", "Qwen2ForCausalLM"), ("gpt2", "GPT2LMHeadModel"),
+    ("gpt_neox", "GPTNeoXForCausalLM"),
+])
+def test_continued_from_a_whole_pass_it_reads_what_its_own_passes_read(model_type, name):
+    """budgeted's prior: the presence reading (and the rows' norm-based attention) on the cache and value vectors of
+    a pass over the whole sequence, cut at its first row, equals the reading that runs its own prompt pass; the
+    whole pass is left as it was (a second reading on it reads the same)."""
+    import architectures
+
+    model = architectures.build(model_type, name, "causal_lm")
+    ids, length, first_row = [int(i) for i in range(20, 40)], 16, 9
+    handle = model_handle(model)
+    item = Encoded(text="", text_pair=None, ids=ids, tokens=[""] * len(ids), offsets=[(0, 0)] * len(ids),
+                   segments=[0] * len(ids), special=[False] * len(ids))
+    whole = Prefix(ResponseContext(handle, None, "", item, length, {}, 4), values="test")
+    assert whole.layers is not None and sorted(whole.values) == list(range(1, handle.adapter.num_layers(model) + 1))
+    own = presence_gradients(handle, ids, length, SOURCES, "test", first_row, norm=True)
+    for _ in range(2):
+        got = presence_gradients(handle, ids, length, SOURCES, "test", first_row, norm=True, prefix=whole)
+        np.testing.assert_allclose(got.gradients, own.gradients, rtol=1e-4, atol=1e-6 * np.abs(own.gradients).max())
+        np.testing.assert_allclose(got.norm, own.norm, rtol=1e-4, atol=1e-6 * np.abs(own.norm).max())
+        torch.testing.assert_close(got.logits, own.logits, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="no value vectors"):
+        presence_gradients(handle, ids, length, SOURCES, "test", first_row, norm=True,
+                           prefix=Prefix(ResponseContext(handle, None, "", item, length, {}, 4)))
 
 
 def test_the_family_is_per_step_and_shares_the_presence_pass():

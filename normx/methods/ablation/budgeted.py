@@ -27,7 +27,7 @@ that weigh most the rest (:mod:`normx.methods.ablation.finer`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from itertools import pairwise
 
 import numpy as np
@@ -36,30 +36,35 @@ from normx.errors import InvalidInputError
 from normx.methods.ablation import (
     BATCH_OPTION,
     COMMON,
-    MIN_ABLATIONS,
     SOURCES_OPTION,
     _check,
     _refuse,
     _rows,
     _spans,
-    designs,
     finer,
     prompt_sources,
 )
 from normx.methods.ablation.forwards import outcomes
+from normx.methods.ablation.planning import (
+    SPEND,
+    Costs,
+    mask_costs,
+    plan_masks,
+    shared_prior_cost,
+    whole_cost,
+)
+from normx.methods.ablation.prefix import Prefix, tolerance, verified
+from normx.methods.calibrated.readings import presence_first_row
 from normx.methods.registry import Method, Option, register_method
 from normx.methods.response import ResponseContext, ResponseRows
 
 BUDGETS = {"fast": 2.0, "balanced": 6.0, "faithful": 24.0}
-# the share of the budget the plan spends on the work it counts: on SmolLM2 on this CPU the calls ran 0.9-1.15x the
-# counted work (the masked attention, Python around the passes), so a budget of 6 is kept at about 6 measured
-SPEND = 0.9
-CANDIDATES = 8  # designs drawn per call, the one that buys the most masks within the budget kept
-MAX_MASKS = 4096  # a budget past what the masks can use: ContextCite's estimator saturates long before
 RIDGE = 0.01  # the surrogate's ridge penalty on the centred masks (chosen on training contexts: docs/context.md)
 PRIOR_RIDGE = 1.0  # with a prior: the penalty on the weights' departure from the scaled prior (docs/context.md)
 PRIORS = ("auto", "calibrated_attention", "none")
 TINY_NLL = 1e-6  # a response the model is sure of (log p rounded to 0): its loss, for the log the surrogate fits
+# a prior whose weights read only these families runs on the whole pass's cache (its presence pass's last rows)
+SHAREABLE = {"tokens", "presence", "response_norm"}
 
 
 def budget_option(text: str) -> float | str:
@@ -89,106 +94,6 @@ def budget_value(budget) -> float:
         raise InvalidInputError(f"budget must be a number of forward passes >= 1 or one of {tuple(BUDGETS)}, "
                                 f"got {budget!r}")
     return float(budget)
-
-
-@dataclass(frozen=True)
-class Costs:
-    """The model's work per token, in multiply-adds x 2: ``body`` (the blocks' weights), ``head`` (the LM head, which
-    a plain forward runs at every position and an ablated pass at the response's only) and ``attention`` (per key a
-    query reads, all blocks together)."""
-
-    body: float
-    head: float
-    attention: float
-
-    @classmethod
-    def of(cls, model) -> Costs:
-        head_module = model.get_output_embeddings()
-        inputs = model.get_input_embeddings()
-        head = float(head_module.weight.numel()) if head_module is not None else 0.0
-        skip = {id(p) for m in (head_module, inputs) if m is not None for p in m.parameters()}
-        body = float(sum(p.numel() for p in model.parameters() if id(p) not in skip))
-        config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-        width = getattr(config, "hidden_size", 0) or 0
-        blocks = getattr(config, "num_hidden_layers", 0) or 0
-        return cls(2 * body, 2 * head, 4.0 * width * blocks)
-
-    def tokens(self, positions: np.ndarray) -> float:
-        """The work of running tokens at these positions (no head)."""
-        return float(len(positions) * self.body + self.attention * (positions + 1).sum())
-
-    def continued(self, begin: int, count: int) -> float:
-        """``count`` tokens run after ``begin`` cached ones through an explicit mask (a masked pass on a cut cache):
-        every query reads every key of the pass, ``begin + count``, where a causal pass's kernel reads only those
-        before it (on 2,000-token prompts the triangle undercounted these passes by about a fifth)."""
-        return float(count * self.body + self.attention * count * (begin + count))
-
-    def plain(self, total: int) -> float:
-        """A plain forward pass over ``total`` tokens, logits at every position."""
-        return self.tokens(np.arange(total)) + total * self.head
-
-
-def mask_costs(sources: list[list[int]], masks: np.ndarray, prompt_length: int, steps: int, shared: bool,
-               costs: Costs, per_pass: int = 1) -> np.ndarray:
-    """Each mask's cost in plain forward passes over the ``prompt_length + steps`` tokens: the tokens it runs
-    (``shared``: its kept tokens from its first removed one on; else all its kept tokens) at their positions, the
-    response's, the head at the response's positions, and its share of a forward pass's own cost (reading the weights:
-    :data:`~normx.methods.ablation.prefix.CALL_ROWS` rows a pass, ``per_pass`` masks a pass)."""
-    from normx.methods.ablation.prefix import CALL_ROWS
-
-    owner = np.full(prompt_length, -1)
-    for j, members in enumerate(sources):
-        owner[members] = j
-    plain = costs.plain(prompt_length + steps)
-    out = np.zeros(len(masks))
-    for m, keep in enumerate(np.asarray(masks, bool)):
-        kept = (owner < 0) | keep[np.maximum(owner, 0)]
-        if kept.all():
-            continue
-        begin = int(np.argmin(kept)) if shared else 0
-        count = int(kept[begin:].sum()) + steps
-        work = costs.continued(begin, count) if shared else costs.tokens(np.arange(count))
-        out[m] = (work + steps * costs.head + CALL_ROWS / per_pass * costs.body) / plain
-    return out
-
-
-def plan_masks(sources: list[list[int]], prompt_length: int, steps: int, budget: float, seed: int, shared: bool,
-               costs: Costs, per_pass: int = 1, spent: float = 0.0) -> np.ndarray:
-    """The masks :data:`SPEND` of the budget buys after the whole pass (at least :data:`MIN_ABLATIONS`): resolution IV
-    designs where one fits, or all but one of its masks (:func:`normx.methods.ablation.designs.masks`,
-    ``"fold_over"``), else a resolution III design and as many of its rows' complements as fit (``"screening"``):
-    on the training contexts
-    (docs/context.md) a whole fold-over beat the screening design and its complements at 15-16 masks, and lost to it
-    below. Of :data:`CANDIDATES` equally good designs (seeds ``seed * CANDIDATES`` on), the one whose masks' costs
-    buy the most: which sources a design removes first decides what its masks cost. ``spent``: passes the budget
-    has paid for already (a prior's reading)."""
-    left = SPEND * budget - spent - whole_cost(prompt_length, steps, costs)
-
-    def affordable(kind: str, limit: int, drawn: int) -> int:
-        spent, count = 0.0, 0
-        while count < limit:
-            block = designs.masks(len(sources), min(count + 64, limit), drawn, kind)[count:]
-            for cost in mask_costs(sources, block, prompt_length, steps, shared, costs, per_pass):
-                if count >= MIN_ABLATIONS and spent + cost > left:
-                    return count
-                spent += cost
-                count += 1
-        return count
-
-    candidates = range(seed * CANDIDATES, (seed + 1) * CANDIDATES)
-    whole = designs.block(len(sources), "fold_over")
-    for kind in ("fold_over", "screening"):
-        bought = {drawn: affordable(kind, MAX_MASKS, drawn) for drawn in candidates}
-        drawn = max(candidates, key=lambda d: (bought[d], -d))  # the design that buys the most masks
-        if kind == "screening" or (whole and bought[drawn] >= whole - 1):  # resolution IV, or all but one mask
-            return designs.masks(len(sources), bought[drawn], drawn, kind)
-    raise AssertionError("unreachable")
-
-
-def whole_cost(prompt_length: int, steps: int, costs: Costs) -> float:
-    """The whole pass (its cache kept, the head at the response's positions) in plain forward passes."""
-    total = prompt_length + steps
-    return (costs.tokens(np.arange(total)) + steps * costs.head) / costs.plain(total)
 
 
 def surrogate(masks: np.ndarray, log_p: np.ndarray, prior: np.ndarray | None = None,
@@ -273,40 +178,61 @@ def _grouped(ctx: ResponseContext, sources: list[list[int]], costs: Costs, per_p
 
 def _prior(ctx: ResponseContext, sources: list[list[int]], costs: Costs, per_pass: int) -> tuple[str, float, bool]:
     """The prior this call reads (``"calibrated_attention"`` or ``"none"``), its cost in forward passes, and whether
-    the budget buys masks after it. ``auto``: the calibrated reading where the model has weights for it and the
-    budget buys no mask after it (the ``"fast"`` budget): there its scores beat the few masks the budget buys alone;
-    where it buys masks after the prior, the masks (over groups of sources where they cannot tell every source
-    apart) did better than the prior with fewer masks (docs/context.md)."""
-    from normx.methods.calibrated import NAME
-    from normx.methods.calibrated import weights as stored
-    from normx.methods.registry import get_method
+    the budget buys masks after the whole pass and it. Where the weights read only the presence pass's families
+    (:data:`SHAREABLE`), the prior is costed as it runs beside masks, continued from the whole pass's cache
+    (:func:`~normx.methods.ablation.planning.shared_prior_cost`); alone (no masks after it) it runs its own passes.
+    ``auto``: the calibrated reading where the model has weights for it and the budget buys no mask after it (the
+    ``"fast"`` budget): there its scores beat the few masks the budget buys alone; where it buys masks after the
+    prior, the masks (over groups of sources where they cannot tell every source apart) did better than the prior
+    with fewer masks (docs/context.md)."""
+    from normx.methods.calibrated import NAME, load_weights
 
-    choice = ctx.options["prior"]
-    if choice == "none" or (choice == "auto" and not stored.available(ctx.model)):
+    if not _wants_prior(ctx):
         return "none", 0.0, True
-    cost = float(get_method(NAME).cost(len(ctx.item.ids), ctx.steps, {}))
-    budget, n = budget_value(ctx.options["budget"]), ctx.steps
+    n, total = ctx.steps, len(ctx.item.ids)
+    if set(load_weights(ctx.model, ctx.adapter, None)[0]["families"]) <= SHAREABLE:
+        cost = shared_prior_cost(total, presence_first_row(total, ctx.prompt_length, sources), n, costs)
+    else:
+        cost = _own_prior_cost(ctx)
+    budget = budget_value(ctx.options["budget"])
     least = plan_masks(sources, ctx.prompt_length, n, budget, ctx.options["seed"], True, costs, per_pass,
                        spent=cost)  # (on a cut cache: the least the masks can cost)
     after = SPEND * budget >= cost + whole_cost(ctx.prompt_length, n, costs) + float(
         mask_costs(sources, least, ctx.prompt_length, n, True, costs, per_pass).sum())
-    if choice == "auto" and after:
+    if ctx.options["prior"] == "auto" and after:
         return "none", 0.0, True
     return NAME, cost, after
 
 
-def _prior_scores(ctx: ResponseContext, sources: list[list[int]]) -> tuple[np.ndarray, ResponseRows]:
+def _own_prior_cost(ctx: ResponseContext) -> float:
+    """The prior's cost in forward passes run on its own (its prompt pass too)."""
+    from normx.methods.calibrated import NAME
+    from normx.methods.registry import get_method
+
+    return float(get_method(NAME).cost(len(ctx.item.ids), ctx.steps, {}))
+
+
+def _wants_prior(ctx: ResponseContext) -> bool:
+    """Whether the call may read a prior: asked for, or ``auto`` where the model has calibrated weights."""
+    from normx.methods.calibrated import weights as stored
+
+    choice = ctx.options["prior"]
+    return choice != "none" and (choice != "auto" or stored.available(ctx.model))
+
+
+def _prior_scores(ctx: ResponseContext, sources: list[list[int]], start: Prefix | None
+                  ) -> tuple[np.ndarray, ResponseRows]:
     """``calibrated_attention``'s score of each source (its rows summed over its tokens and the steps), and its
-    rows."""
+    rows; continued from the whole pass ``start`` where given."""
     from normx.methods.calibrated import calibrated
 
-    found = calibrated(replace(ctx, options={**ctx.options, "sources": _spans(sources), "weights": None}))
+    found = calibrated(replace(ctx, options={**ctx.options, "sources": _spans(sources), "weights": None}), start)
     rows = np.asarray(found.rows, np.float64)
     return np.array([rows[:, members].sum() for members in sources]), found
 
 
 def budgeted(ctx: ResponseContext) -> ResponseRows:
-    import normx.methods.ablation.prefix as shared
+    from normx.methods.calibrated import NAME, load_weights
 
     sources = prompt_sources(ctx)
     budget = budget_value(ctx.options["budget"])
@@ -315,24 +241,28 @@ def budgeted(ctx: ResponseContext) -> ResponseRows:
     per_pass = ctx.handle.rows_per_pass(int(ctx.options.get("internal_batch_size") or ctx.batch_size))
     prior_name, prior_cost, after = _prior(ctx, sources, costs, per_pass)
     settings = {"scope": "response", "source_spans": _spans(sources), "budget": budget, "prior": prior_name}
+    if prior_name != "none" and not after:  # the prior alone, on its own passes
+        prior, found = _prior_scores(ctx, sources, None)
+        settings |= {"prior_scores": prior.tolist(), "prior_shared": False, "masks": 0,
+                     "passes": round(_own_prior_cost(ctx), 3), "shared_prefix": False,
+                     "rows": "the prior's rows: the budget buys no masks after it"}
+        return ResponseRows(found.rows, found.logits, {}, settings)
+    whole = Prefix(ctx, values=None if prior_name == "none" else NAME)  # (the prior's value vectors: NormRows)
+    cut = verified(ctx, whole, tolerance(whole))
     prior, planned = None, None
+    if prior_name != "none":
+        shared = cut and set(load_weights(ctx.model, ctx.adapter, None)[0]["families"]) <= SHAREABLE
+        prior_cost = prior_cost if shared else _own_prior_cost(ctx)
+        prior, found = _prior_scores(ctx, sources, whole if shared else None)
+        settings |= {"prior_scores": prior.tolist(), "prior_shared": shared}
     kept = finer.reserve(ctx, sources, SPEND * budget - prior_cost - whole_cost(ctx.prompt_length, n, costs))
     if prior_name == "none":  # sources the masks cannot tell apart: removed in groups of adjacent ones
-        planned = plan_masks(sources, ctx.prompt_length, n, budget, ctx.options["seed"], True, costs, per_pass, kept)
+        planned = plan_masks(sources, ctx.prompt_length, n, budget, ctx.options["seed"], cut, costs, per_pass, kept)
         groups = _grouped(ctx, sources, costs, per_pass, len(planned), kept)
         if groups is not None:
             sources, planned = _merged(sources, groups), None
             settings["groups"] = groups
-    else:
-        prior, found = _prior_scores(ctx, sources)
-        settings["prior_scores"] = prior.tolist()
-        if not after:
-            settings |= {"masks": 0, "passes": round(prior_cost, 3), "shared_prefix": False,
-                         "rows": "the prior's rows: the budget buys no masks after it"}
-            return ResponseRows(found.rows, found.logits, {}, settings)
-    whole = shared.Prefix(ctx)
-    cut = shared.verified(ctx, whole, shared.tolerance(whole))
-    masks = planned if cut and planned is not None else plan_masks(  # (planned already for a cut cache)
+    masks = planned if planned is not None else plan_masks(  # (planned already where no prior was read)
         sources, ctx.prompt_length, n, budget, ctx.options["seed"], cut, costs, per_pass, spent=prior_cost + kept)
     keeps = np.vstack([np.ones((1, len(sources)), bool), masks])
     log_p, _, logits = outcomes(ctx, sources, keeps, "budgeted", shared_prefix=whole if cut else False)

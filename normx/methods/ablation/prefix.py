@@ -18,7 +18,7 @@ import numpy as np
 
 from normx._torch import torch
 from normx.core.batch import id_tensor
-from normx.core.hooks import output_tensor
+from normx.core.hooks import hooked, output_tensor
 from normx.core.verdicts import Verdicts
 from normx.methods.response import ResponseContext
 
@@ -45,17 +45,46 @@ def plain_layers(cache) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
 
 class Prefix:
     """One pass over the whole sequence (``ids`` [T], prompt then response), kept for the ablated sequences: its
-    last hidden states [T, H] and its per-layer keys / values (None where the model's cache is not plain)."""
+    last hidden states [T, H] and its per-layer keys / values (None where the model's cache is not plain). With
+    ``values``, each block's value vectors [T, kv heads, d] too (``values``: the method reading them, named in an
+    error), captured from the blocks' value projections as :class:`~normx.methods.decoder.norm_rows.NormRows` reads
+    them: a reading that continues from the cache cut at a row (:meth:`cache_until`, :meth:`values_until`) then runs
+    only its own rows."""
 
-    def __init__(self, ctx: ResponseContext):
+    def __init__(self, ctx: ResponseContext, values: str | None = None):
+        from normx.methods.decoder.heads import block_attention, decoder_shape
+
         self.ctx = ctx
         model, adapter = ctx.model, ctx.adapter
         ids = id_tensor(ctx.ids, ctx.handle.device)[None]
         kwargs = {k: v for k, v in adapter.forward_kwargs.items() if k != "use_cache"}
-        with ctx.handle.using(), torch.no_grad():
+        read = {} if values is None else block_attention(
+            model, list(range(1, decoder_shape(model, adapter)[0] + 1)), values, values=True)
+        captured: dict[int, torch.Tensor] = {}
+
+        def keep(key, _args, _kwargs, output):
+            captured[int(key)] = read[int(key)].value_vectors(output)[0].detach()
+
+        with ctx.handle.using(), torch.no_grad(), hooked({str(k): r.values for k, r in read.items()}, keep):
             out = model.base_model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=True, **kwargs)
         self.hidden = output_tensor(out)[0]
         self.layers = plain_layers(_returned_cache(out))
+        self.values = captured
+
+    def cache_until(self, row: int):
+        """The model's key/value cache of the sequence's first ``row`` tokens, cut from the whole pass's (a copy: a
+        pass continued on it leaves this one as it was); only where the cache is plain (``layers``)."""
+        from transformers.cache_utils import DynamicCache
+
+        if self.layers is None:
+            raise ValueError("the model's cache is not plain per-layer keys and values: it cannot be cut")
+        return DynamicCache(ddp_cache_data=[(k[:, :, :row].clone(), v[:, :, :row].clone()) for k, v in self.layers])
+
+    def values_until(self, row: int) -> dict[int, torch.Tensor]:
+        """Each block's value vectors [row, kv heads, d] of the first ``row`` tokens (kept with ``values``)."""
+        if not self.values:
+            raise ValueError("this pass kept no value vectors: make it with values= the method that reads them")
+        return {layer: vectors[:row] for layer, vectors in self.values.items()}
 
     def continue_from(self, starts: list[int], rows: list[list[int]]) -> torch.Tensor:
         """The last hidden states [B, W, H] of ``rows`` (token ids; row r the tokens after the whole sequence's first

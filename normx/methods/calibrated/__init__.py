@@ -82,7 +82,9 @@ def _state(model, options) -> dict:
     return {"weights_file": where, "weights_sha256": record["sha256"]}
 
 
-def calibrated(ctx: ResponseContext) -> ResponseRows:
+def calibrated(ctx: ResponseContext, prefix=None) -> ResponseRows:
+    """The method's rows; ``prefix``: a pass already run over the whole sequence that the presence reading continues
+    from (:class:`normx.methods.ablation.prefix.Prefix`, with value vectors; ``budgeted``'s prior)."""
     record, where = load_weights(ctx.model, ctx.adapter, ctx.options["weights"])
     families = record["families"]
     heads = [f for f in families if f not in SCALAR]
@@ -103,7 +105,7 @@ def calibrated(ctx: ResponseContext) -> ResponseRows:
         sources = prompt_sources(ctx)
         values, found = source_readings(ctx.handle, ctx.ids, ctx.prompt_length, sources, scalar, NAME,
                                         ctx.options["internal_batch_size"] or ctx.batch_size,
-                                        whole=last_paragraph(ctx, sources))
+                                        whole=last_paragraph(ctx, sources), prefix=prefix)
         for family in scalar:  # each step's row over the tokens (a source: its tokens' entries summed)
             rows += record["weights"][family][0][0] * values[family]
         spans = _spans(sources)

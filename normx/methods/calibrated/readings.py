@@ -189,15 +189,16 @@ def _last_rows(total: int, prompt_length: int, sources: Sequence[Sequence[int]],
 
 
 def source_readings(handle, ids: Sequence[int], prompt_length: int, sources: Sequence[Sequence[int]],
-                    families: Sequence[str], method: str, batch_size: int = 8, whole: Sequence[int] = ()
-                    ) -> tuple[dict[str, np.ndarray], torch.Tensor | None]:
+                    families: Sequence[str], method: str, batch_size: int = 8, whole: Sequence[int] = (),
+                    prefix=None) -> tuple[dict[str, np.ndarray], torch.Tensor | None]:
     """{family: [steps, T] float64} for the per-source families asked for: each step's row over the sequence's
     ``T`` tokens, a source's value being its tokens' entries summed (:func:`by_source`; summed over the steps,
     ``tokens`` is the source's size and ``source_knockout`` / ``query_knockout`` its drop in the response's
     log-probability). A per-source value is spread evenly over the source's tokens, ``presence`` kept per token
     (:func:`~normx.methods.decoder.presence.presence_gradients`); each step gets an even share of a whole-response
-    reading. ``whole``: the indices of sources ``presence`` reads at full presence (the others at 1/2). And the
-    logits predicting the response (None unless a knockout family ran)."""
+    reading. ``whole``: the indices of sources ``presence`` reads at full presence (the others at 1/2). ``prefix``: a
+    pass over the whole sequence the presence reading continues from (``presence_gradients``). And the logits
+    predicting the response (None unless a knockout family ran)."""
     steps, total = len(ids) - prompt_length, len(ids)
     per_source: dict[str, np.ndarray] = {}
     logits = None
@@ -225,7 +226,7 @@ def source_readings(handle, ids: Sequence[int], prompt_length: int, sources: Seq
         first_row = presence_first_row(len(ids), prompt_length, sources)
         presence = [1.0 if j in whole else HALF for j in range(len(sources))]
         reading = presence_gradients(handle, ids, prompt_length, sources, method, first_row, presence,
-                                     norm="response_norm" in families)
+                                     norm="response_norm" in families, prefix=prefix)
         logits = reading.logits
         rows = np.zeros((steps, total))
         rows[:, :prompt_length] = reading.gradients[None] / steps

@@ -47,6 +47,17 @@ class NormRows:
         with hooked({str(layer): block.values for layer, block in self.read.items()}, keep):
             yield
 
+    def seed(self, values: dict[int, torch.Tensor]) -> None:
+        """Start each block's value vectors with ``values`` {block: [keys, kv heads, d]} (the first keys' from a pass
+        run before, in place of capturing them again: :meth:`normx.methods.ablation.prefix.Prefix.values_until`);
+        before any pass inside :meth:`values`. The rows' pass checks them (:func:`~normx.methods.decoder.maps.
+        check_mix`)."""
+        if any(self.captured.values()) or set(values) != set(self.read):
+            raise ValueError(f"{self.method}: value vectors are seeded once, for blocks {sorted(self.read)}, before "
+                             f"any pass; got blocks {sorted(values)}")
+        for layer, vectors in values.items():
+            self.captured[layer].append(vectors)
+
     @contextmanager
     def rows(self) -> Iterator[None]:
         """The rows' pass run inside (with eager attention, the model's lock held exclusively, and inside

@@ -23,9 +23,10 @@ a differently split sentence) sums to the gradient of its own keys. ``presence``
 value: a source at p = 1 (a question read whole while the documents before it are half present) gets its slope at
 full presence.
 
-Cost: one pass over the first ``first_row`` tokens (no gradient: the model's cache), one over the
-``T - 1 - first_row`` last rows on it without bias (the model's own logits for the response, no gradient), one with
-the bias and gradients on, and one backward pass through those rows only. Memory: the cache twice, the last rows'
+Cost: one pass over the first ``first_row`` tokens (no gradient: the model's cache; none where a pass over the whole
+sequence already kept its cache: ``prefix``), one over the ``T - 1 - first_row`` last rows on it without bias (the
+model's own logits for the response, no gradient), one with the bias and gradients on, and one backward pass through
+those rows only. Memory: the cache twice, the last rows'
 activations and one [rows, keys] bias.
 
 Layer 3 (methods): imports ``normx.core``, ``normx.models`` and the decoder heads.
@@ -103,14 +104,16 @@ class Presence:
 
 def presence_gradients(handle, ids: Sequence[int], prompt_length: int, sources: Sequence[Sequence[int]],
                        method: str, first_row: int | None = None, presence: float | Sequence[float] = HALF,
-                       norm: bool = False) -> Presence:
+                       norm: bool = False, prefix=None) -> Presence:
     """The :class:`Presence` reading: each prompt token's share of its source's presence gradient (see the module's
     docstring: the gradients with respect to the biases on the token's attention scores from the rows after its
     source; 0 for a token in no source), with the gradient taken through the rows from ``first_row`` (default: the
     response's first row ``prompt_length - 1``) to the end; the model's own logits predicting the response
     (unbiased); with ``norm``, the response's norm-based attention rows read in the plain pass (eager attention
     there). ``presence``: every source's (default 1/2), or one per source. ``handle``:
-    :func:`normx.core.handle.model_handle`'s."""
+    :func:`normx.core.handle.model_handle`'s. ``prefix``: a pass already run over the whole sequence whose cache the
+    model continues as its own (:class:`normx.methods.ablation.prefix.Prefix`, made with value vectors where ``norm``
+    is asked for): the first ``first_row`` tokens' cache and value vectors are cut from it instead of run again."""
     model, modules, keywords, heads, tensor = _setup(handle, ids, prompt_length, method)
     total = tensor.shape[1]
     n, keys = total - prompt_length, total - 1
@@ -125,7 +128,12 @@ def presence_gradients(handle, ids: Sequence[int], prompt_length: int, sources: 
     reader = NormRows(model, len(modules), heads, n, method) if norm else None
     with handle.using():
         with reader.values() if reader else nullcontext():
-            cache = _prompt_cache(model, tensor, first_row, keywords, method)
+            if prefix is None:
+                cache = _prompt_cache(model, tensor, first_row, keywords, method)
+            else:  # (the rows' passes check the seeded value vectors: NormRows.rows)
+                cache = prefix.cache_until(first_row)
+                if reader:
+                    reader.seed(prefix.values_until(first_row))
             with torch.no_grad(), reader.rows() if reader else nullcontext():
                 # the model's own logits for the response: the last rows on a copy of the cache
                 plain = _rows_forward(model, modules, tensor, first_row, n, keywords, copy.deepcopy(cache), None,

@@ -1,0 +1,127 @@
+"""What ``budgeted``'s passes cost and which masks a budget buys: the model's work per token (:class:`Costs`), a
+mask's cost in plain forward passes (:func:`mask_costs`: on a cut cache only its tokens from its first removed source
+on), the whole pass's (:func:`whole_cost`), the presence prior's on the whole pass's cache (:func:`shared_prior_cost`),
+and the designed masks a budget pays for (:func:`plan_masks`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from normx.methods.ablation import MIN_ABLATIONS, designs
+from normx.methods.ablation.prefix import CALL_ROWS
+
+# the share of the budget the plan spends on the work it counts: on SmolLM2 on this CPU the calls ran 0.9-1.15x the
+# counted work (the masked attention, Python around the passes), so a budget of 6 is kept at about 6 measured
+SPEND = 0.9
+CANDIDATES = 8  # designs drawn per call, the one that buys the most masks within the budget kept
+MAX_MASKS = 4096  # a budget past what the masks can use: ContextCite's estimator saturates long before
+
+
+@dataclass(frozen=True)
+class Costs:
+    """The model's work per token, in multiply-adds x 2: ``body`` (the blocks' weights), ``head`` (the LM head, which
+    a plain forward runs at every position and an ablated pass at the response's only) and ``attention`` (per key a
+    query reads, all blocks together)."""
+
+    body: float
+    head: float
+    attention: float
+
+    @classmethod
+    def of(cls, model) -> Costs:
+        head_module = model.get_output_embeddings()
+        inputs = model.get_input_embeddings()
+        head = float(head_module.weight.numel()) if head_module is not None else 0.0
+        skip = {id(p) for m in (head_module, inputs) if m is not None for p in m.parameters()}
+        body = float(sum(p.numel() for p in model.parameters() if id(p) not in skip))
+        config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        width = getattr(config, "hidden_size", 0) or 0
+        blocks = getattr(config, "num_hidden_layers", 0) or 0
+        return cls(2 * body, 2 * head, 4.0 * width * blocks)
+
+    def tokens(self, positions: np.ndarray) -> float:
+        """The work of running tokens at these positions (no head)."""
+        return float(len(positions) * self.body + self.attention * (positions + 1).sum())
+
+    def continued(self, begin: int, count: int) -> float:
+        """``count`` tokens run after ``begin`` cached ones through an explicit mask (a masked pass on a cut cache):
+        every query reads every key of the pass, ``begin + count``, where a causal pass's kernel reads only those
+        before it (on 2,000-token prompts the triangle undercounted these passes by about a fifth)."""
+        return float(count * self.body + self.attention * count * (begin + count))
+
+    def plain(self, total: int) -> float:
+        """A plain forward pass over ``total`` tokens, logits at every position."""
+        return self.tokens(np.arange(total)) + total * self.head
+
+
+def mask_costs(sources: list[list[int]], masks: np.ndarray, prompt_length: int, steps: int, shared: bool,
+               costs: Costs, per_pass: int = 1) -> np.ndarray:
+    """Each mask's cost in plain forward passes over the ``prompt_length + steps`` tokens: the tokens it runs
+    (``shared``: its kept tokens from its first removed one on; else all its kept tokens) at their positions, the
+    response's, the head at the response's positions, and its share of a forward pass's own cost (reading the weights:
+    :data:`~normx.methods.ablation.prefix.CALL_ROWS` rows a pass, ``per_pass`` masks a pass)."""
+    owner = np.full(prompt_length, -1)
+    for j, members in enumerate(sources):
+        owner[members] = j
+    plain = costs.plain(prompt_length + steps)
+    out = np.zeros(len(masks))
+    for m, keep in enumerate(np.asarray(masks, bool)):
+        kept = (owner < 0) | keep[np.maximum(owner, 0)]
+        if kept.all():
+            continue
+        begin = int(np.argmin(kept)) if shared else 0
+        count = int(kept[begin:].sum()) + steps
+        work = costs.continued(begin, count) if shared else costs.tokens(np.arange(count))
+        out[m] = (work + steps * costs.head + CALL_ROWS / per_pass * costs.body) / plain
+    return out
+
+
+def plan_masks(sources: list[list[int]], prompt_length: int, steps: int, budget: float, seed: int, shared: bool,
+               costs: Costs, per_pass: int = 1, spent: float = 0.0) -> np.ndarray:
+    """The masks :data:`SPEND` of the budget buys after the whole pass (at least :data:`MIN_ABLATIONS`): resolution IV
+    designs where one fits, or all but one of its masks (:func:`normx.methods.ablation.designs.masks`,
+    ``"fold_over"``), else a resolution III design and as many of its rows' complements as fit (``"screening"``):
+    on the training contexts
+    (docs/context.md) a whole fold-over beat the screening design and its complements at 15-16 masks, and lost to it
+    below. Of :data:`CANDIDATES` equally good designs (seeds ``seed * CANDIDATES`` on), the one whose masks' costs
+    buy the most: which sources a design removes first decides what its masks cost. ``spent``: passes the budget
+    has paid for already (a prior's reading)."""
+    left = SPEND * budget - spent - whole_cost(prompt_length, steps, costs)
+
+    def affordable(kind: str, limit: int, drawn: int) -> int:
+        spent, count = 0.0, 0
+        while count < limit:
+            block = designs.masks(len(sources), min(count + 64, limit), drawn, kind)[count:]
+            for cost in mask_costs(sources, block, prompt_length, steps, shared, costs, per_pass):
+                if count >= MIN_ABLATIONS and spent + cost > left:
+                    return count
+                spent += cost
+                count += 1
+        return count
+
+    candidates = range(seed * CANDIDATES, (seed + 1) * CANDIDATES)
+    whole = designs.block(len(sources), "fold_over")
+    for kind in ("fold_over", "screening"):
+        bought = {drawn: affordable(kind, MAX_MASKS, drawn) for drawn in candidates}
+        drawn = max(candidates, key=lambda d: (bought[d], -d))  # the design that buys the most masks
+        if kind == "screening" or (whole and bought[drawn] >= whole - 1):  # resolution IV, or all but one mask
+            return designs.masks(len(sources), bought[drawn], drawn, kind)
+    raise AssertionError("unreachable")
+
+
+def whole_cost(prompt_length: int, steps: int, costs: Costs) -> float:
+    """The whole pass (its cache kept, the head at the response's positions) in plain forward passes."""
+    total = prompt_length + steps
+    return (costs.tokens(np.arange(total)) + steps * costs.head) / costs.plain(total)
+
+
+def shared_prior_cost(total: int, first_row: int, steps: int, costs: Costs) -> float:
+    """The presence prior's passes in plain forward passes where it continues from the whole pass's cache (its first
+    ``first_row`` tokens cost nothing more): its last rows run plain, again with the bias, and a backward through them
+    (about twice a forward's work), on ``first_row`` cached keys; the head at the response's positions twice; three
+    calls."""
+    rows = total - 1 - first_row
+    work = 4 * costs.continued(first_row, rows) + 2 * steps * costs.head + 3 * CALL_ROWS * costs.body
+    return work / costs.plain(total)
