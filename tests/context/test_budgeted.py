@@ -173,6 +173,19 @@ def test_a_mask_costs_what_its_pass_reads():
     assert whole[0] == pytest.approx((16 * 100 + 3.0 * sum(range(1, 17)) + steps * 40 + call) / plain)
 
 
+def test_the_shared_prior_costs_its_last_rows():
+    """Closed form: on the whole pass's cache the prior runs its last rows three times and a backward (4 passes of
+    them), each row reading every key whole (1 + keys / MATERIALIZED_KEYS the forward's per key), the head at the
+    response's positions twice, and three calls."""
+    costs = planning.Costs(body=100.0, head=40.0, attention=3.0)
+    total, first, steps = 30, 20, 3
+    rows, keys = 9, 29
+    want = (4 * rows * 100 + 4 * 3.0 * rows * keys * (1 + keys / planning.MATERIALIZED_KEYS) + 2 * steps * 40
+            + 3 * prefix.CALL_ROWS * 100) / costs.plain(total)
+    assert planning.shared_prior_cost(total, first, steps, costs) == pytest.approx(want)
+    assert planning.shared_prior_cost(total, first + 5, steps, costs) < want  # fewer rows, less work
+
+
 def test_fit_towards_a_prior_closed_form():
     """With a prior the weights are c * prior + d: outcomes the prior explains up to its scale give it back exactly
     (d = 0), and a source no mask varied keeps c times its prior (without one it weighs 0)."""

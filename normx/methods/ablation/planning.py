@@ -17,6 +17,7 @@ from normx.methods.ablation.prefix import CALL_ROWS
 SPEND = 0.9
 CANDIDATES = 8  # designs drawn per call, the one that buys the most masks within the budget kept
 MAX_MASKS = 4096  # a budget past what the masks can use: ContextCite's estimator saturates long before
+MATERIALIZED_KEYS = 3000  # attention read whole costs 1 + keys / this per key beside a forward's (shared_prior_cost)
 
 
 @dataclass(frozen=True)
@@ -121,7 +122,13 @@ def shared_prior_cost(total: int, first_row: int, steps: int, costs: Costs) -> f
     """The presence prior's passes in plain forward passes where it continues from the whole pass's cache (its first
     ``first_row`` tokens cost nothing more): its last rows run plain, again with the bias, and a backward through them
     (about twice a forward's work), on ``first_row`` cached keys; the head at the response's positions twice; three
-    calls."""
+    calls. Their attention is read whole, [heads, rows, keys] (eager for the norm-based rows, a float bias for the
+    gradient), where a forward's kernel streams it: per key it costs ``1 + keys / MATERIALIZED_KEYS`` times the
+    forward's (on SmolLM2 on a 2-core CPU, the prior's passes took 0.9-1.0 of a forward at ~300 tokens, 0.7-0.8 at
+    800-1,400 and 0.5-0.6 at ~6,900, where the attention read as a forward's would make 0.21 of the last:
+    docs/context.md)."""
     rows = total - 1 - first_row
-    work = 4 * costs.continued(first_row, rows) + 2 * steps * costs.head + 3 * CALL_ROWS * costs.body
-    return work / costs.plain(total)
+    keys = first_row + rows
+    body = 4 * rows * costs.body
+    attention = 4 * costs.attention * rows * keys * (1 + keys / MATERIALIZED_KEYS)
+    return (body + attention + 2 * steps * costs.head + 3 * CALL_ROWS * costs.body) / costs.plain(total)
