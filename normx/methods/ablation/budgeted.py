@@ -176,10 +176,11 @@ def _grouped(ctx: ResponseContext, sources: list[list[int]], costs: Costs, per_p
     return coarse(sources, low)
 
 
-def _prior(ctx: ResponseContext, sources: list[list[int]], costs: Costs, per_pass: int) -> tuple[str, float, bool]:
-    """The prior this call reads (``"calibrated_attention"`` or ``"none"``), its cost in forward passes, and whether
-    the budget buys masks after the whole pass and it. Where the weights read only the presence pass's families
-    (:data:`SHAREABLE`), the prior is costed as it runs beside masks, continued from the whole pass's cache
+def _prior(ctx: ResponseContext, sources: list[list[int]], costs: Costs, per_pass: int
+           ) -> tuple[str, float, bool, bool]:
+    """The prior this call reads (``"calibrated_attention"`` or ``"none"``), its cost in forward passes, whether the
+    budget buys masks after the whole pass and it, and whether it can continue from the whole pass's cache (its
+    weights read only the presence pass's families, :data:`SHAREABLE`): then it is costed as it runs beside masks
     (:func:`~normx.methods.ablation.planning.shared_prior_cost`); alone (no masks after it) it runs its own passes.
     ``auto``: the calibrated reading where the model has weights for it and the budget buys no mask after it (the
     ``"fast"`` budget): there its scores beat the few masks the budget buys alone; where it buys masks after the
@@ -188,20 +189,19 @@ def _prior(ctx: ResponseContext, sources: list[list[int]], costs: Costs, per_pas
     from normx.methods.calibrated import NAME, load_weights
 
     if not _wants_prior(ctx):
-        return "none", 0.0, True
+        return "none", 0.0, True, False
     n, total = ctx.steps, len(ctx.item.ids)
-    if set(load_weights(ctx.model, ctx.adapter, None)[0]["families"]) <= SHAREABLE:
-        cost = shared_prior_cost(total, presence_first_row(total, ctx.prompt_length, sources), n, costs)
-    else:
-        cost = _own_prior_cost(ctx)
+    shareable = set(load_weights(ctx.model, ctx.adapter, None)[0]["families"]) <= SHAREABLE
+    cost = (shared_prior_cost(total, presence_first_row(total, ctx.prompt_length, sources), n, costs) if shareable
+            else _own_prior_cost(ctx))
     budget = budget_value(ctx.options["budget"])
     least = plan_masks(sources, ctx.prompt_length, n, budget, ctx.options["seed"], True, costs, per_pass,
                        spent=cost)  # (on a cut cache: the least the masks can cost)
     after = SPEND * budget >= cost + whole_cost(ctx.prompt_length, n, costs) + float(
         mask_costs(sources, least, ctx.prompt_length, n, True, costs, per_pass).sum())
     if ctx.options["prior"] == "auto" and after:
-        return "none", 0.0, True
-    return NAME, cost, after
+        return "none", 0.0, True, False
+    return NAME, cost, after, shareable
 
 
 def _own_prior_cost(ctx: ResponseContext) -> float:
@@ -232,14 +232,14 @@ def _prior_scores(ctx: ResponseContext, sources: list[list[int]], start: Prefix 
 
 
 def budgeted(ctx: ResponseContext) -> ResponseRows:
-    from normx.methods.calibrated import NAME, load_weights
+    from normx.methods.calibrated import NAME
 
     sources = prompt_sources(ctx)
     budget = budget_value(ctx.options["budget"])
     costs = Costs.of(ctx.model)
     n = ctx.steps
     per_pass = ctx.handle.rows_per_pass(int(ctx.options.get("internal_batch_size") or ctx.batch_size))
-    prior_name, prior_cost, after = _prior(ctx, sources, costs, per_pass)
+    prior_name, prior_cost, after, shareable = _prior(ctx, sources, costs, per_pass)
     settings = {"scope": "response", "source_spans": _spans(sources), "budget": budget, "prior": prior_name}
     if prior_name != "none" and not after:  # the prior alone, on its own passes
         prior, found = _prior_scores(ctx, sources, None)
@@ -247,11 +247,11 @@ def budgeted(ctx: ResponseContext) -> ResponseRows:
                      "passes": round(_own_prior_cost(ctx), 3), "shared_prefix": False,
                      "rows": "the prior's rows: the budget buys no masks after it"}
         return ResponseRows(found.rows, found.logits, {}, settings)
-    whole = Prefix(ctx, values=None if prior_name == "none" else NAME)  # (the prior's value vectors: NormRows)
+    whole = Prefix(ctx, values=NAME if shareable else None)  # (the prior's value vectors: NormRows)
     cut = verified(ctx, whole, tolerance(whole))
     prior, planned = None, None
     if prior_name != "none":
-        shared = cut and set(load_weights(ctx.model, ctx.adapter, None)[0]["families"]) <= SHAREABLE
+        shared = cut and shareable
         prior_cost = prior_cost if shared else _own_prior_cost(ctx)
         prior, found = _prior_scores(ctx, sources, whole if shared else None)
         settings |= {"prior_scores": prior.tolist(), "prior_shared": shared}
