@@ -220,13 +220,13 @@ def _wants_prior(ctx: ResponseContext) -> bool:
     return choice != "none" and (choice != "auto" or stored.available(ctx.model))
 
 
-def _prior_scores(ctx: ResponseContext, sources: list[list[int]], start: Prefix | None
+def _prior_scores(ctx: ResponseContext, sources: list[list[int]], prefix: Prefix | None
                   ) -> tuple[np.ndarray, ResponseRows]:
     """``calibrated_attention``'s score of each source (its rows summed over its tokens and the steps), and its
-    rows; continued from the whole pass ``start`` where given."""
+    rows; continued from the whole pass ``prefix`` where given."""
     from normx.methods.calibrated import calibrated
 
-    found = calibrated(replace(ctx, options={**ctx.options, "sources": _spans(sources), "weights": None}), start)
+    found = calibrated(replace(ctx, options={**ctx.options, "sources": _spans(sources), "weights": None}), prefix)
     rows = np.asarray(found.rows, np.float64)
     return np.array([rows[:, members].sum() for members in sources]), found
 
