@@ -174,9 +174,9 @@ def test_a_mask_costs_what_its_pass_reads():
 
 
 def test_the_shared_prior_costs_its_last_rows():
-    """Closed form: on the whole pass's cache the prior runs its last rows three times and a backward (4 passes of
-    them), each row reading every key whole (1 + keys / MATERIALIZED_KEYS the forward's per key), the head at the
-    response's positions twice, and three calls."""
+    """Closed form: on the whole pass's cache the prior runs its last rows plain, again with the bias, and a backward
+    through them (twice a forward's work: 4 passes of them in all), each row reading every key whole (1 + keys /
+    MATERIALIZED_KEYS the forward's per key), the head at the response's positions twice, and three calls."""
     costs = planning.Costs(body=100.0, head=40.0, attention=3.0)
     total, first, steps = 30, 20, 3
     rows, keys = 9, 29
