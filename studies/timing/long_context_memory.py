@@ -1,14 +1,18 @@
-"""Peak memory of the attention readings on long prompts against one plain forward pass (#45): every step of a
-teacher-forced continuation explained, one method per fresh process.
+"""Peak memory of the attention readings (#45) and of the context methods (#56: ``budgeted``, ``contextcite``) on
+long prompts against one plain forward pass: every step of a teacher-forced continuation explained, one method per
+fresh process.
 
     python -m studies.timing.long_context_memory --out docs/results/generation/long_context_memory.md
     python -m studies.timing.long_context_memory --cases smollm2:4096 --methods forward norm_attention --out m.md
+    python -m studies.timing.long_context_memory --cases tiny-llama:8192 tiny-llama:16384 tiny-llama:32768 \
+        --methods budgeted contextcite --out m.md
 
 A case is MODEL:TOKENS: ``smollm2`` (SmolLM2-135M-Instruct, the offline preset: Llama, 30 blocks, 9 heads, 3
 key-value heads) or ``tiny-llama`` (a random Llama of 2 blocks, hidden 64, 4 heads, 2 key-value heads, 32,768
 positions, on SmolLM2's tokenizer: vocabulary 49,152). The sequence is TOKENS ids of a repeated English paragraph:
 a prompt of TOKENS - 32 tokens and the last 32 as the ``target=`` continuation of ``normx.explain_generation`` (all
-32 steps explained). ``forward`` is the plain ``model(input_ids)`` on the same TOKENS ids, in no_grad.
+32 steps explained; for a context method the prompt's sentences are its sources, as ``sources="auto"`` finds them).
+``forward`` is the plain ``model(input_ids)`` on the same TOKENS ids, in no_grad.
 
 Each (case, method) runs in a process of its own (1 thread, ``MALLOC_MMAP_THRESHOLD_=65536`` so freed tensors go
 back to the system): load the model, make the ids, then measure the call: the peak resident set (Linux ``VmHWM``)

@@ -173,6 +173,20 @@ def test_a_mask_costs_what_its_pass_reads():
     assert whole[0] == pytest.approx((16 * 100 + 3.0 * sum(range(1, 17)) + steps * 40 + call) / plain)
 
 
+def test_a_long_mask_costs_its_windows(monkeypatch):
+    """Closed form: a masked pass longer than a window runs a window at a time, each window's queries reading the
+    keys up to its end, and each window a pass of its own."""
+    monkeypatch.setattr(planning, "WINDOW", 4)
+    costs = planning.Costs(body=100.0, head=40.0, attention=3.0)
+    sources, prompt, steps = [list(range(0, 10)), list(range(10, 20))], 24, 2
+    plain = costs.plain(prompt + steps)
+    shared = planning.mask_costs(sources, np.array([[0, 1], [1, 0]]), prompt, steps, True, costs)
+    # [0, 1]: 16 tokens on no cache in windows of 4, 4 passes; [1, 0]: 6 tokens after 10 cached, windows of 4 and 2
+    call = prefix.CALL_ROWS * 100.0
+    assert shared[0] == pytest.approx((16 * 100 + 3.0 * 4 * (4 + 8 + 12 + 16) + steps * 40 + 4 * call) / plain)
+    assert shared[1] == pytest.approx((6 * 100 + 3.0 * (4 * 14 + 2 * 16) + steps * 40 + 2 * call) / plain)
+
+
 def test_the_shared_prior_costs_its_last_rows():
     """Closed form: on the whole pass's cache the prior runs its last rows plain, again with the bias, and a backward
     through them (twice a forward's work: 4 passes of them in all), each row reading every key whole (1 + keys /
@@ -334,3 +348,58 @@ def test_the_finer_stage_scores_the_sentences_of_the_passages_that_weigh_most(ll
                                    atol=1e-4)
     with pytest.raises(InvalidInputError, match="finer"):
         normx.explain_generation(model, tok, PASSAGES, method="budgeted", max_new_tokens=2, finer="words")
+
+
+def test_long_rows_run_a_window_at_a_time_and_long_sequences_fewer_rows_a_pass(llama, monkeypatch):
+    """The memory of a masked pass is bounded whatever the prompt's length: rows longer than a window run a window at
+    a time on the cache the last one left (a mask that removes the first token too starts with no cache), and a
+    long sequence gets fewer rows a pass; the outcomes are the model's own passes' still."""
+    model, tok = llama
+    torch.manual_seed(1)
+    ids = torch.randint(5, 200, (40,)).tolist()
+    sources = [list(range(0, 7))] + [list(range(a, a + 6)) for a in range(7, 31, 6)]  # token 0 in the first
+    keeps = np.vstack([np.ones((1, 5), bool), ablation_masks(5, 8, 0.5, 4), ~np.eye(5, dtype=bool)])
+    expected = [_by_hand(model, ids, 34, sources, keep) for keep in keeps]
+    passes = []
+    handle = model.model.register_forward_pre_hook(
+        lambda _m, _a, kwargs: passes.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True)
+    monkeypatch.setattr(prefix, "WINDOW", 4)
+    monkeypatch.setattr(prefix, "PASS_TOKENS", 2 * len(ids))  # two rows a pass, of the four asked
+    try:
+        ctx = _context(model, tok, ids, 34, batch=4)
+        assert prefix.pass_rows(ctx) == 2
+        shared = outcomes(ctx, sources, keeps, shared_prefix=True)[0]
+    finally:
+        handle.remove()
+    assert ctx.notes["shared_prefix"] is True
+    np.testing.assert_allclose(shared, np.array(expected), atol=2e-5)
+    masked = passes[1:]  # after the whole pass (and the cut cache's check, two rows)
+    assert masked and all(rows <= 2 and width <= 4 for rows, width in masked)
+    assert len(masked) > len(keeps)  # rows of up to 37 tokens, four at a time
+
+
+def test_whole_passes_of_a_long_sequence_go_one_at_a_time(llama, monkeypatch):
+    """Where masks run whole (a cache it cannot cut), a padded batch makes the model build a causal mask [rows,
+    tokens, tokens]: past WINDOW x PASS_TOKENS entries the sequences go one a pass (unpadded: no mask), outcomes
+    unchanged."""
+    model, tok = llama
+    ids = list(range(10, 40))
+    sources = [list(range(2, 10)), list(range(10, 25))]
+    keeps = np.array([[True, True], [False, True], [True, False], [False, False]])
+    expected = np.array([_by_hand(model, ids, 25, sources, keep) for keep in keeps])
+    monkeypatch.setattr(prefix, "plain_layers", lambda cache: None)
+    monkeypatch.setattr(prefix, "_VERDICTS", type(prefix._VERDICTS)())
+    monkeypatch.setattr(prefix, "WINDOW", 4)
+    monkeypatch.setattr(prefix, "PASS_TOKENS", 4 * len(ids))
+    ctx = _context(model, tok, ids, 25, batch=4)
+    assert (prefix.pass_rows(ctx), prefix.whole_rows(ctx)) == (4, 1)
+    passes = []
+    handle = model.model.register_forward_pre_hook(
+        lambda _m, _a, kwargs: passes.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True)
+    try:
+        shared = outcomes(ctx, sources, keeps, shared_prefix=True)[0]
+    finally:
+        handle.remove()
+    assert ctx.notes["shared_prefix"] is False
+    np.testing.assert_allclose(shared, expected, atol=2e-5)
+    assert passes[1:] and all(rows == 1 for rows, _ in passes[1:])  # (after the whole pass)

@@ -53,7 +53,7 @@ from normx.methods.ablation.planning import (
     shared_prior_cost,
     whole_cost,
 )
-from normx.methods.ablation.prefix import Prefix, tolerance, verified
+from normx.methods.ablation.prefix import Prefix, pass_rows, tolerance, verified, whole_rows
 from normx.methods.calibrated.readings import presence_first_row
 from normx.methods.registry import Method, Option, register_method
 from normx.methods.response import ResponseContext, ResponseRows
@@ -238,7 +238,7 @@ def budgeted(ctx: ResponseContext) -> ResponseRows:
     budget = budget_value(ctx.options["budget"])
     costs = Costs.of(ctx.model)
     n = ctx.steps
-    per_pass = ctx.handle.rows_per_pass(int(ctx.options.get("internal_batch_size") or ctx.batch_size))
+    per_pass = pass_rows(ctx)
     prior_name, prior_cost, after, shareable = _prior(ctx, sources, costs, per_pass)
     settings = {"scope": "response", "source_spans": _spans(sources), "budget": budget, "prior": prior_name}
     if prior_name != "none" and not after:  # the prior alone, on its own passes
@@ -249,6 +249,7 @@ def budgeted(ctx: ResponseContext) -> ResponseRows:
         return ResponseRows(found.rows, found.logits, {}, settings)
     whole = Prefix(ctx, values=NAME if shareable else None)  # (the prior's value vectors: NormRows)
     cut = verified(ctx, whole, tolerance(whole))
+    per_pass = per_pass if cut else whole_rows(ctx)  # (masks run whole: fewer a pass on a long prompt)
     prior, planned = None, None
     if prior_name != "none":
         shared = cut and shareable

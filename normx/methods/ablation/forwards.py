@@ -18,6 +18,7 @@ from normx._torch import torch
 from normx.core.batch import id_tensor
 from normx.core.hooks import output_tensor
 from normx.errors import InvalidInputError
+from normx.methods.ablation.prefix import pass_rows, whole_rows
 from normx.methods.response import ResponseContext, response_positions
 
 HEAD_ELEMENTS = 2 ** 25  # logits one head call makes when many ablated sequences are read at once (128 MiB float32)
@@ -81,7 +82,7 @@ def _prefix_outcomes(ctx: ResponseContext, sources: list[list[int]], keeps: np.n
         ctx.notes["shared_prefix"] = False
         return _distinct_outcomes(ctx, sources, keeps, desc)
     ctx.notes["shared_prefix"] = True
-    per_pass = ctx.handle.rows_per_pass(int(ctx.options.get("internal_batch_size") or ctx.batch_size))
+    per_pass = pass_rows(ctx)
     bar = _progress(len(keeps), desc) if len(keeps) > per_pass else None
     hidden, tokens = shared.response_hidden(whole, sources, keeps, per_pass, None if bar is None else bar.update)
     if bar is not None:
@@ -114,7 +115,7 @@ def _distinct_outcomes(ctx: ResponseContext, sources: list[list[int]], keeps: np
     model, adapter = ctx.model, ctx.adapter
     n = ctx.steps
     sequences = [kept_ids(ctx, sources, keep) for keep in keeps]
-    per_pass = ctx.handle.rows_per_pass(int(ctx.options.get("internal_batch_size") or ctx.batch_size))
+    per_pass = whole_rows(ctx)
     log_p = np.zeros((len(sequences), n))
     logit_p = np.zeros((len(sequences), n))
     first = None

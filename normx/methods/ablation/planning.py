@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from normx.methods.ablation import MIN_ABLATIONS, designs
-from normx.methods.ablation.prefix import CALL_ROWS
+from normx.methods.ablation.prefix import CALL_ROWS, WINDOW
 
 # the share of the budget the plan spends on the work it counts: on SmolLM2 on this CPU the calls ran 0.9-1.15x the
 # counted work (the masked attention, Python around the passes), so a budget of 6 is kept at about 6 measured
@@ -47,10 +47,13 @@ class Costs:
         return float(len(positions) * self.body + self.attention * (positions + 1).sum())
 
     def continued(self, begin: int, count: int) -> float:
-        """``count`` tokens run after ``begin`` cached ones through an explicit mask (a masked pass on a cut cache):
-        every query reads every key of the pass, ``begin + count``, where a causal pass's kernel reads only those
-        before it (on 2,000-token prompts the triangle undercounted these passes by about a fifth)."""
-        return float(count * self.body + self.attention * count * (begin + count))
+        """``count`` tokens run after ``begin`` cached ones through an explicit mask (a masked pass on a cut cache),
+        :data:`~normx.methods.ablation.prefix.WINDOW` at a time: every query of a window reads every key up to the
+        window's end, where a causal pass's kernel reads only those before it (on 2,000-token prompts the triangle
+        undercounted these passes by about a fifth)."""
+        full, rest = divmod(count, WINDOW)
+        keys = full * WINDOW * begin + WINDOW * WINDOW * full * (full + 1) // 2 + rest * (begin + count)
+        return float(count * self.body + self.attention * keys)
 
     def plain(self, total: int) -> float:
         """A plain forward pass over ``total`` tokens, logits at every position."""
@@ -75,7 +78,8 @@ def mask_costs(sources: list[list[int]], masks: np.ndarray, prompt_length: int, 
         begin = int(np.argmin(kept)) if shared else 0
         count = int(kept[begin:].sum()) + steps
         work = costs.continued(begin, count) if shared else costs.tokens(np.arange(count))
-        out[m] = (work + steps * costs.head + CALL_ROWS / per_pass * costs.body) / plain
+        calls = -(-count // WINDOW) if shared else 1  # the passes its rows run in
+        out[m] = (work + steps * costs.head + calls * CALL_ROWS / per_pass * costs.body) / plain
     return out
 
 

@@ -25,6 +25,11 @@ from normx.methods.response import ResponseContext
 # what one more forward pass costs beside its rows, in rows: a 2-core CPU reads a 135M model's weights in about as
 # long as it runs 60 rows (a card launches its kernels in less); a split cares only for the order of magnitude
 CALL_ROWS = 64
+# the memory of a masked pass, bounded whatever the prompt's length: its rows hold a copy each of the cache cut, so
+# at most PASS_TOKENS tokens of sequence a pass (fewer rows on a long prompt, one past it), and its queries go
+# WINDOW at a time, so its explicit mask [rows, queries, keys] holds at most WINDOW x PASS_TOKENS entries
+PASS_TOKENS = 32768
+WINDOW = 2048
 _VERDICTS = Verdicts()  # model -> {dtype: whether its cut cache continues as its own pass}
 
 
@@ -86,12 +91,13 @@ class Prefix:
             raise ValueError("this pass kept no value vectors: make it with values= the method that reads them")
         return {layer: vectors[:row] for layer, vectors in self.values.items()}
 
-    def continue_from(self, starts: list[int], rows: list[list[int]]) -> torch.Tensor:
+    def continue_from(self, starts: list[int], rows: list[list[int]], window: int | None = None) -> torch.Tensor:
         """The last hidden states [B, W, H] of ``rows`` (token ids; row r the tokens after the whole sequence's first
         ``starts[r]``), each read after its own prefix from the cache, right-padded to the longest row: one forward
-        pass. The cache is cut at the largest start; a row with a smaller one is kept from the cached keys past its
-        own start by its attention mask (additive, in the model's dtype, so eager and SDPA attention read it alike),
-        and its positions continue from its start."""
+        pass, or one per ``window`` (default :data:`WINDOW`) of the rows' tokens, each continuing the cache the last
+        one left. The cache is cut at the largest start; a row with a smaller one is kept from the cached keys past
+        its own start by its attention mask (additive, in the model's dtype, so eager and SDPA attention read it
+        alike), and its positions continue from its start."""
         from transformers.cache_utils import DynamicCache
 
         ctx = self.ctx
@@ -103,19 +109,42 @@ class Prefix:
         ids = ids.to(device)
         begin = torch.tensor(starts, device=device)
         positions = begin[:, None] + torch.arange(width, device=device)[None]
-        keys = torch.arange(cut, device=device)
-        allowed = torch.cat([(keys[None] < begin[:, None])[:, None, :].expand(count, width, cut),
-                             torch.ones(width, width, dtype=torch.bool, device=device).tril()[None]
-                             .expand(count, width, width)], dim=2)  # padding rows read their own past: finite
-        mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, torch.finfo(dtype).min)
+        before = torch.arange(cut, device=device)[None] < begin[:, None]  # [B, cut]: the cached keys a row reads
         cache = DynamicCache(ddp_cache_data=[
             (k[:, :, :cut].expand(count, -1, -1, -1).contiguous(), v[:, :, :cut].expand(count, -1, -1, -1)
              .contiguous()) for k, v in self.layers]) if cut else None
         kwargs = {k: v for k, v in ctx.adapter.forward_kwargs.items() if k != "use_cache"}
+        backbone = ctx.model.base_model
+        found, window = [], window or WINDOW
         with ctx.handle.using(), torch.no_grad():
-            out = ctx.model.base_model(input_ids=ids, attention_mask=mask[:, None], position_ids=positions,
-                                       use_cache=True, **_cache_argument(ctx.model.base_model, cache), **kwargs)
-        return output_tensor(out)
+            for first in range(0, width, window):
+                last = min(first + window, width)
+                own = torch.ones(last - first, last, dtype=torch.bool, device=device).tril(first)  # a row's own past
+                allowed = torch.cat([before[:, None, :].expand(count, last - first, cut),
+                                     own[None].expand(count, -1, -1)], dim=2)  # padding reads its own past: finite
+                mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed,
+                                                                                           torch.finfo(dtype).min)
+                out = backbone(input_ids=ids[:, first:last], attention_mask=mask[:, None],
+                               position_ids=positions[:, first:last], use_cache=True,
+                               **_cache_argument(backbone, cache), **kwargs)
+                cache = _returned_cache(out) if cache is None else cache
+                found.append(output_tensor(out))
+        return found[0] if len(found) == 1 else torch.cat(found, dim=1)
+
+
+def pass_rows(ctx: ResponseContext) -> int:
+    """Ablated sequences a forward pass runs: the call's ``internal_batch_size`` (else its ``batch_size``; one for a
+    model that cannot take padded batches), fewer where they would hold more than :data:`PASS_TOKENS` tokens of
+    sequence (each its copy of the cache), at least one."""
+    asked = ctx.handle.rows_per_pass(int(ctx.options.get("internal_batch_size") or ctx.batch_size))
+    return max(1, min(asked, PASS_TOKENS // max(len(ctx.ids), 1)))
+
+
+def whole_rows(ctx: ResponseContext) -> int:
+    """Ablated sequences a pass runs where each runs whole (no cut cache): :func:`pass_rows`, fewer where the
+    causal mask the model makes for a padded batch, [rows, tokens, tokens], would hold more than ``WINDOW x
+    PASS_TOKENS`` entries (one row, unpadded, needs none)."""
+    return max(1, min(pass_rows(ctx), WINDOW * PASS_TOKENS // max(len(ctx.ids), 1) ** 2))
 
 
 def _returned_cache(out):
