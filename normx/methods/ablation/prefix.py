@@ -91,13 +91,13 @@ class Prefix:
             raise ValueError("this pass kept no value vectors: make it with values= the method that reads them")
         return {layer: vectors[:row] for layer, vectors in self.values.items()}
 
-    def continue_from(self, starts: list[int], rows: list[list[int]], window: int | None = None) -> torch.Tensor:
+    def continue_from(self, starts: list[int], rows: list[list[int]]) -> torch.Tensor:
         """The last hidden states [B, W, H] of ``rows`` (token ids; row r the tokens after the whole sequence's first
         ``starts[r]``), each read after its own prefix from the cache, right-padded to the longest row: one forward
-        pass, or one per ``window`` (default :data:`WINDOW`) of the rows' tokens, each continuing the cache the last
-        one left. The cache is cut at the largest start; a row with a smaller one is kept from the cached keys past
-        its own start by its attention mask (additive, in the model's dtype, so eager and SDPA attention read it
-        alike), and its positions continue from its start."""
+        pass, or one per :data:`WINDOW` of the rows' tokens, each continuing the cache the one before it left. The
+        cache is cut at the largest start; a row with a smaller one is kept from the cached keys past its own start
+        by its attention mask (additive, in the model's dtype, so eager and SDPA attention read it alike), and its
+        positions continue from its start."""
         from transformers.cache_utils import DynamicCache
 
         ctx = self.ctx
@@ -115,10 +115,10 @@ class Prefix:
              .contiguous()) for k, v in self.layers]) if cut else None
         kwargs = {k: v for k, v in ctx.adapter.forward_kwargs.items() if k != "use_cache"}
         backbone = ctx.model.base_model
-        found, window = [], window or WINDOW
+        found = []
         with ctx.handle.using(), torch.no_grad():
-            for first in range(0, width, window):
-                last = min(first + window, width)
+            for first in range(0, width, WINDOW):
+                last = min(first + WINDOW, width)
                 own = torch.ones(last - first, last, dtype=torch.bool, device=device).tril(first)  # a row's own past
                 allowed = torch.cat([before[:, None, :].expand(count, last - first, cut),
                                      own[None].expand(count, -1, -1)], dim=2)  # padding reads its own past: finite
