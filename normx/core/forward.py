@@ -2,7 +2,10 @@
 
 :class:`Pass` runs the backbone once with hooks on the embedding output and the requested blocks, finds the pooled
 positions (the adapter's rule), and runs the model's head: at the pooled position (the prediction) or on every
-token's representation at a captured layer (what the head-on-top methods score).
+token's representation at a captured layer (what the head-on-top methods score). Where the model's own forward
+returns those very tensors when asked for its hidden states by index (transformers' output capturing, found by the
+first-use check: :data:`OWN_STATES`), the pass asks for them instead of hooking (hooks cost more than a short text's
+forward pass does on a card).
 """
 
 from __future__ import annotations
@@ -16,7 +19,16 @@ from normx._torch import torch
 from normx.core.hooks import capture
 from normx.errors import HookNotFiredError
 from normx.models import Adapter
-from normx.models.structure import kept
+from normx.models.structure import kept, recalled
+
+# under this key the model's kept tree holds the layers whose hidden states its own forward returns, when asked for
+# them by index (``output_hidden_states=[...]``: transformers' output capturing), as the very tensors that
+# :func:`capture_layers` hooks (x^0 as layer 0), found by the first-use check (:mod:`normx.core.verify`); absent: hooks
+OWN_STATES = "own hidden states"
+# and under this one whether its backbone computes exactly the same without an all-ones attention mask as with it
+# (the first-use check's verdict): a pass on rows that fill their batch leaves the mask out then (building and
+# checking a mask of ones costs more than a short text's forward pass does on a card)
+UNMASKED = "the same without a mask of ones"
 
 
 @dataclass
@@ -39,6 +51,7 @@ class Pass:
     mask_token_id: int | None = None  # masked-LM heads: the prediction is read at this token
     reads: tuple[int, ...] = ()  # more layers to capture
     num_layers: int | None = None  # the model's blocks, where the caller has counted them (else counted here)
+    full: bool = False  # every row fills the batch (its attention mask is all ones), as the caller who padded knows
     _normed: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)  # decoders: norm(x^L)
     _every: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)  # every_head's runs, by layer
 
@@ -46,9 +59,23 @@ class Pass:
         model, adapter = self.model, self.adapter
         last = adapter.num_layers(model) if self.num_layers is None else self.num_layers
         layers = sorted(set(self.layers) | set(self.reads) | {last})
+        inputs = self.inputs
+        if self.full and recalled(model, UNMASKED, False):
+            inputs = {name: value for name, value in inputs.items() if name != "attention_mask"}
+        own = recalled(model, OWN_STATES) if self.embedding == "layer" else None
+        wanted = sorted({0, *layers})
+        if own is not None and own.issuperset(wanted):  # the very tensors the hooks would capture, without hooks
+            reported = model.base_model(**inputs, **adapter.forward_kwargs, output_hidden_states=wanted).hidden_states
+            if len(reported) != last + 1 or any(reported[layer] is None for layer in wanted):
+                raise HookNotFiredError(f"{type(model).__name__} reported {len(reported) - 1} layers' hidden states "
+                                        f"without some of layers {wanted}, where its first-use check read {last} "
+                                        "blocks")
+            self.input_norm = _norms(reported[0])
+            self.hidden = {layer: reported[layer] for layer in layers}
+            return self.locate()
         # only the norms of x^0 are kept, not x^0 itself
         with capture_layers(model, adapter, layers, self.embedding, x0=_norms) as captured:
-            model.base_model(**self.inputs, **adapter.forward_kwargs)
+            model.base_model(**inputs, **adapter.forward_kwargs)
         self.input_norm = captured["x0"]  # [B, T]
         self.hidden = {layer: captured[layer] for layer in layers}
         return self.locate()

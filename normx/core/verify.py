@@ -31,9 +31,10 @@ import weakref
 from normx._torch import torch
 from normx.core.batch import Encoded, collate
 from normx.core.concurrency import using
-from normx.core.forward import capture_layers
+from normx.core.forward import OWN_STATES, UNMASKED, capture_layers
 from normx.errors import HookNotFiredError, UnsupportedModelError
 from normx.models import Adapter, HeadKind, get_adapter, unwrap_model
+from normx.models.structure import remember
 
 # by the model's dtype (named, so that importing this module does not import torch)
 TOLERANCE = {"float32": 1e-4, "float64": 1e-8, "bfloat16": 3e-2, "float16": 1e-2}
@@ -137,6 +138,8 @@ def verify(model, adapter: Adapter) -> bool:
                               f"after them (off by {_off(short, long):.3g} of their scale): it is not a left-to-right "
                               "causal LM (a model that can be both is one only with is_decoder=True / causal=True in "
                               "its config), so one pass cannot hold each generation step")
+        remember(base, OWN_STATES, _own_states(base, adapter, blocks, alone[0]))
+        remember(base, UNMASKED, all(_unmasked(base, adapter, row) for row in alone))
         captured = _normx_forward(base, adapter, blocks, inputs)  # and on the padded batch
         try:
             for r, n in enumerate(lengths):
@@ -153,6 +156,45 @@ def _normx_forward(base, adapter: Adapter, blocks: list, inputs: dict) -> dict:
     with capture_layers(base, adapter, range(1, len(blocks) + 1)) as captured:
         base.base_model(**inputs, **adapter.forward_kwargs)
     return captured
+
+
+def _own_states(base, adapter: Adapter, blocks: list, inputs: dict) -> frozenset[int]:
+    """The layers (0 = x^0) whose hidden states the model's own forward, asked for them by index
+    (``output_hidden_states=[...]``), returns as the very tensor objects normx's hooks capture; none where it takes no
+    index or returns layers not asked for (keeping every layer would cost memory). Two passes, the even layers asked
+    for and then the odd ones, so that each layer is seen both asked for and not."""
+    every = range(len(blocks) + 1)
+    found = set()
+    for asked in (every[0::2], every[1::2]):
+        try:
+            with capture_layers(base, adapter, every[1:]) as captured:
+                reported = base.base_model(**inputs, **adapter.forward_kwargs,
+                                           output_hidden_states=list(asked)).hidden_states
+        except (TypeError, ValueError, AttributeError, IndexError):
+            return frozenset()
+        if reported is None or len(reported) != len(every):
+            return frozenset()
+        for layer in every:
+            if layer not in asked and reported[layer] is not None:
+                return frozenset()
+            if layer in asked and reported[layer] is captured["x0" if layer == 0 else layer]:
+                found.add(layer)
+    return frozenset(found)
+
+
+def _unmasked(base, adapter: Adapter, row: dict) -> bool:
+    """Whether the backbone gives exactly the same hidden states (every layer's, and its last) on ``row`` (one text
+    alone: its attention mask all ones) without the attention mask as with it."""
+    def states(inputs):
+        out = base.base_model(**inputs, **adapter.forward_kwargs, output_hidden_states=True)
+        return [out[0], *(getattr(out, "hidden_states", None) or ())]
+
+    try:
+        masked, bare = states(row), states({name: value for name, value in row.items() if name != "attention_mask"})
+    except (TypeError, ValueError, AttributeError, IndexError, RuntimeError):
+        return False
+    return len(masked) == len(bare) and all(isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+                                            and a.shape == b.shape and torch.equal(a, b) for a, b in zip(masked, bare))
 
 
 def _check_hidden(name: str, adapter: Adapter, captured: dict, plain, r: int, n: int, num_blocks: int,

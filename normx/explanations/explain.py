@@ -85,8 +85,9 @@ def explain(model, tokenizer, texts: str | Sequence[str], method: str = "normxlo
                                                    foil=foil is not None),
                 **plan.options}
     results: list[Explanation] = []
+    pad = getattr(base.config, "pad_token_id", None)
     for items, inputs in batches(encoded, plan.handle.rows_per_pass(batch_size), tokenizer, param.device):
-        out = attribute_batch(plan, inputs)
+        out = attribute_batch(plan, inputs, full=_full(items, pad))
         scores = out.scores.cpu().numpy()
         diagnostics = {name: value.float().cpu() for name, value in out.diagnostics.items()}
         pooled = out.pooled.tolist()
@@ -98,6 +99,13 @@ def explain(model, tokenizer, texts: str | Sequence[str], method: str = "normxlo
                                         int(pooled[row]),
                                         {name: value[row].tolist() for name, value in diagnostics.items()}))
     return results[0] if single else Explanations(results)
+
+
+def _full(items: list[Encoded], pad: int | None) -> bool:
+    """Every row fills the batch (no padding), and none starts or ends with the model's pad token (transformers warns
+    that such a row may be padded when it gets no attention mask; :attr:`normx.core.forward.Pass.full`)."""
+    width = len(items[0].ids)
+    return all(len(item.ids) == width and item.ids[0] != pad and item.ids[-1] != pad for item in items)
 
 
 # ---- the attribution computation on an encoded batch ------------------------------------------------------------
@@ -216,12 +224,13 @@ def _resolve(handle: ModelHandle, tokenizer, chosen: Method, target, layer, foil
 
 
 def attribute_batch(plan: Plan, inputs: dict[str, torch.Tensor], columns: torch.Tensor | None = None,
-                    prediction: bool = True) -> BatchAttribution:
+                    prediction: bool = True, full: bool = False) -> BatchAttribution:
     """One batch of :func:`explain` without the tokenising and the result objects: ``inputs`` as
     :func:`normx.core.batch.collate` makes them (``input_ids``, ``attention_mask``, the tokenizer's extra inputs,
     decoders' ``position_ids``), on the model's device; ``columns`` [B, K]: each row's own target columns (by
     default the plan's, or the prediction); ``prediction=False`` with ``columns`` given: the head is not run at the
-    pooled position (``logits`` and ``ctx.logits`` are None), for the per-position methods, which never read it.
+    pooled position (``logits`` and ``ctx.logits`` are None), for the per-position methods, which never read it;
+    ``full``: every row fills the batch (no padding: the attention mask is all ones; :attr:`Pass.full`).
     Runs in eval mode, holding the model shared (:func:`normx.core.concurrency.using`): safe to call from several
     threads on one model. A method that never differentiates runs in inference mode (``Method.grad_mode``), so its
     tensors are inference tensors (read them, or ``.clone()`` one to change it in place or to differentiate
@@ -235,7 +244,7 @@ def attribute_batch(plan: Plan, inputs: dict[str, torch.Tensor], columns: torch.
     foil = None if plan.foil_column is None else torch.full(ids.shape[:1], plan.foil_column, device=ids.device)
     with plan.handle.using(), plan.method.grad_mode():
         run = Pass(plan.base, plan.adapter, inputs, plan.layers, plan.embedding, mask_token_id=plan.mask_token_id,
-                   reads=plan.reads, num_layers=plan.num_layers)
+                   reads=plan.reads, num_layers=plan.num_layers, full=full)
         if plan.method.predicts:  # its own forward pass makes the prediction (ctx.predict)
             ctx = Context(run.locate(), plan.labels, None, foil, options=plan.options, select=select)
             scores = plan.method.compute(ctx).float()

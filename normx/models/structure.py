@@ -124,6 +124,18 @@ def kept(model: nn.Module, what, make: Callable[[], T]) -> T:
     return made[what]
 
 
+def remember(model: nn.Module, what, value) -> None:
+    """Keep ``value`` under ``what`` for ``model`` until its module tree changes, as :func:`kept` keeps what it makes
+    (for a fact a caller measured, such as a probe's verdict; it must not hold ``model`` itself)."""
+    _tree(model).made[what] = value
+
+
+def recalled(model: nn.Module, what, default=None):
+    """What :func:`remember` or :func:`kept` keeps under ``what`` for ``model`` while its module tree is as it was,
+    else ``default``."""
+    return _tree(model).made.get(what, default)
+
+
 def submodules(model: nn.Module) -> tuple[nn.Module, ...]:
     """Every module inside ``model`` (not ``model`` itself: a kept value must not hold its key), each once (a module
     shared across the stack too), read from the instance dicts directly (``model.modules()`` builds every module's
