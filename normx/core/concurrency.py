@@ -71,7 +71,7 @@ class ModelLock:
     def _release_shared(self) -> None:
         with self._cond:
             self._readers -= 1
-            if not self._readers:
+            if not self._readers and self._writers_waiting:  # (a reader waits only for writers: none to wake)
                 self._cond.notify_all()
 
     def _acquire_exclusive(self) -> None:
