@@ -17,6 +17,12 @@ reference's largest magnitude (tolerance by dtype):
 - **causality** (causal-LM adapters): the prefix row's logits equal the long row's at the same positions, which is
   what lets one pass over a prompt and its continuation hold every generation step.
 
+Two verdicts are kept beside (in the model's kept tree, so a change to its modules drops them): the layers whose
+hidden states the model's own forward, asked for them by index, returns as the very tensors the hooks capture
+(:data:`normx.core.forward.OWN_STATES`: a pass then asks for them instead of hooking), and whether its backbone gives
+exactly the same hidden states without an all-ones attention mask as with it (:data:`normx.core.forward.UNMASKED`: a
+batch whose rows fill it then runs without one).
+
 So anything normx's batching or forward adds that changes the model's computation (padding, a position numbering
 of its own, a keyword argument) is a mismatch too. A mismatch is an :class:`~normx.errors.UnsupportedModelError`
 naming the part and how far off it was — never a silent wrong attribution. Models whose forward reports no hidden
