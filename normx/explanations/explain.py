@@ -105,7 +105,7 @@ def _full(items: list[Encoded], pad: int | None) -> bool:
     """Every row fills the batch (no padding), and none starts or ends with the model's pad token (transformers warns
     that such a row may be padded when it gets no attention mask; :attr:`normx.core.forward.Pass.full`)."""
     width = len(items[0].ids)
-    return all(len(item.ids) == width and item.ids[0] != pad and item.ids[-1] != pad for item in items)
+    return width > 0 and all(len(item.ids) == width and item.ids[0] != pad and item.ids[-1] != pad for item in items)
 
 
 # ---- the attribution computation on an encoded batch ------------------------------------------------------------
