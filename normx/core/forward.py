@@ -4,7 +4,7 @@
 positions (the adapter's rule), and runs the model's head: at the pooled position (the prediction) or on every
 token's representation at a captured layer (what the head-on-top methods score). Where the model's own forward
 returns those very tensors when asked for its hidden states by index (transformers' output capturing, found by the
-first-use check: :data:`OWN_STATES`), the pass asks for them instead of hooking (hooks cost more than a short text's
+first-use check: :class:`OwnForward`), the pass asks for them instead of hooking (hooks cost more than a short text's
 forward pass does on a card).
 """
 
@@ -21,14 +21,22 @@ from normx.errors import HookNotFiredError
 from normx.models import Adapter
 from normx.models.structure import kept, recalled
 
-# under this key the model's kept tree holds the layers whose hidden states its own forward returns, when asked for
-# them by index (``output_hidden_states=[...]``: transformers' output capturing), as the very tensors that
-# :func:`capture_layers` hooks (x^0 as layer 0), found by the first-use check (:mod:`normx.core.verify`); absent: hooks
-OWN_STATES = "own hidden states"
-# and under this one whether its backbone computes exactly the same without an all-ones attention mask as with it
-# (the first-use check's verdict): a pass on rows that fill their batch leaves the mask out then (building and
-# checking a mask of ones costs more than a short text's forward pass does on a card)
-UNMASKED = "the same without a mask of ones"
+
+@dataclass(frozen=True)
+class OwnForward:
+    """What the first-use check (:mod:`normx.core.verify`) found of the model's own forward, kept in its tree under
+    :data:`OWN_FORWARD` (a change to its modules drops it; absent: a pass hooks and passes every input)."""
+
+    # the layers whose hidden states its forward returns, asked for them by index (``output_hidden_states=[...]``:
+    # transformers' output capturing), as the very tensors :func:`capture_layers` hooks (x^0 as layer 0)
+    states: frozenset[int] = frozenset()
+    # its backbone computes exactly the same without an all-ones attention mask as with it: a pass on rows that fill
+    # their batch leaves the mask out (building and checking a mask of ones costs more than a short text's forward
+    # pass does on a card)
+    unmasked: bool = False
+
+
+OWN_FORWARD = "the model's own forward"
 
 
 @dataclass
@@ -59,12 +67,11 @@ class Pass:
         model, adapter = self.model, self.adapter
         last = adapter.num_layers(model) if self.num_layers is None else self.num_layers
         layers = sorted(set(self.layers) | set(self.reads) | {last})
-        inputs = self.inputs
-        if self.full and recalled(model, UNMASKED, False):
+        inputs, own = self.inputs, recalled(model, OWN_FORWARD, _HOOKED)
+        if self.full and own.unmasked:
             inputs = {name: value for name, value in inputs.items() if name != "attention_mask"}
-        own = recalled(model, OWN_STATES) if self.embedding == "layer" else None
         wanted = sorted({0, *layers})
-        if own is not None and own.issuperset(wanted):  # the very tensors the hooks would capture, without hooks
+        if self.embedding == "layer" and own.states.issuperset(wanted):  # the tensors the hooks would capture
             reported = model.base_model(**inputs, **adapter.forward_kwargs, output_hidden_states=wanted).hidden_states
             if len(reported) != last + 1 or any(reported[layer] is None for layer in wanted):
                 raise HookNotFiredError(f"{type(model).__name__} reported {len(reported) - 1} layers' hidden states "
@@ -143,6 +150,9 @@ class Pass:
         """||x_i^l|| for the requested layers [B, len(layers), T]; layer 0 is the chosen input embedding."""
         norms = [self.input_norm if layer == 0 else _norms(self.hidden[layer]) for layer in self.layers]
         return torch.stack(norms, dim=1)
+
+
+_HOOKED = OwnForward()  # nothing found (yet, or since the module tree changed): hooks, every input
 
 
 def _norms(hidden: torch.Tensor) -> torch.Tensor:

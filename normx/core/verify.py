@@ -19,9 +19,9 @@ reference's largest magnitude (tolerance by dtype):
 
 Two verdicts are kept beside (in the model's kept tree, so a change to its modules drops them): the layers whose
 hidden states the model's own forward, asked for them by index, returns as the very tensors the hooks capture
-(:data:`normx.core.forward.OWN_STATES`: a pass then asks for them instead of hooking), and whether its backbone gives
-exactly the same hidden states without an all-ones attention mask as with it (:data:`normx.core.forward.UNMASKED`: a
-batch whose rows fill it then runs without one).
+(a pass then asks for them instead of hooking), and whether its backbone gives exactly the same hidden states
+without an all-ones attention mask as with it (a batch whose rows fill it then runs without one):
+:class:`normx.core.forward.OwnForward`.
 
 So anything normx's batching or forward adds that changes the model's computation (padding, a position numbering
 of its own, a keyword argument) is a mismatch too. A mismatch is an :class:`~normx.errors.UnsupportedModelError`
@@ -37,7 +37,7 @@ import weakref
 from normx._torch import torch
 from normx.core.batch import Encoded, collate
 from normx.core.concurrency import using
-from normx.core.forward import OWN_STATES, UNMASKED, capture_layers
+from normx.core.forward import OWN_FORWARD, OwnForward, capture_layers
 from normx.errors import HookNotFiredError, UnsupportedModelError
 from normx.models import Adapter, HeadKind, get_adapter, unwrap_model
 from normx.models.structure import remember
@@ -144,8 +144,8 @@ def verify(model, adapter: Adapter) -> bool:
                               f"after them (off by {_off(short, long):.3g} of their scale): it is not a left-to-right "
                               "causal LM (a model that can be both is one only with is_decoder=True / causal=True in "
                               "its config), so one pass cannot hold each generation step")
-        remember(base, OWN_STATES, _own_states(base, adapter, blocks, alone[0]))
-        remember(base, UNMASKED, all(_unmasked(base, adapter, row) for row in alone))
+        remember(base, OWN_FORWARD, OwnForward(_own_states(base, adapter, blocks, alone[0]),
+                                               all(_unmasked(base, adapter, row) for row in alone)))
         captured = _normx_forward(base, adapter, blocks, inputs)  # and on the padded batch
         try:
             for r, n in enumerate(lengths):

@@ -1,10 +1,12 @@
 """A pass reads the model's own hidden states, asked for by index, where the first-use check found them to be the very
-tensors its hooks capture (:data:`normx.core.forward.OWN_STATES`); everywhere else, and once the module tree has
-changed, it hooks. A pass on rows that fill their batch leaves an all-ones attention mask out where the check found
-the backbone exactly the same without it (:data:`normx.core.forward.UNMASKED`). Either way the scores are the
-same."""
+tensors its hooks capture (:attr:`normx.core.forward.OwnForward.states`); everywhere else, and once the module tree
+has changed, it hooks. A pass on rows that fill their batch leaves an all-ones attention mask out where the check
+found the backbone exactly the same without it (:attr:`~normx.core.forward.OwnForward.unmasked`). Either way the
+scores are the same."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -13,7 +15,7 @@ import torch
 
 import normx
 import normx.core.forward
-from normx.core.forward import OWN_STATES, UNMASKED
+from normx.core.forward import OWN_FORWARD
 from normx.core.verify import _own_states, _unmasked
 from normx.models.structure import recalled, remember
 
@@ -40,15 +42,16 @@ def test_own_hidden_states_give_the_hooks_scores(case_id, monkeypatch):
     model, tokenizer = tiny.build(case_id, fresh=True)
     texts = tiny.texts_for(tiny.CASE_BY_ID[case_id], tokenizer)
     normx.explain(model, tokenizer, texts[0])  # the first-use check finds them
-    own = recalled(model, OWN_STATES)
+    found = recalled(model, OWN_FORWARD)
+    own = found.states
     layers = normx.get_adapter(model).num_layers(model)
-    assert own is not None and own <= set(range(layers + 1))
+    assert own <= set(range(layers + 1))
     hooked = _hooked(monkeypatch)
     calls = [dict(method=method, layer=layer) for method in ("normxlogit", "logat", "l2norm")
              for layer in (None, "all", 1)]
     read = [normx.explain(model, tokenizer, texts, batch_size=2, **call) for call in calls]
     used_own = len(hooked) < len(calls)  # (hooks only for the calls whose layers are not all its own)
-    remember(model, OWN_STATES, frozenset())  # every pass hooks now
+    remember(model, OWN_FORWARD, replace(found, states=frozenset()))  # every pass hooks now
     hooked.clear()
     for call, got in zip(calls, read):
         want = normx.explain(model, tokenizer, texts, batch_size=2, **call)
@@ -65,10 +68,10 @@ def test_an_encoders_hidden_states_are_its_own_and_a_decoders_last_is_not():
     applies in the head), so that layer is hooked."""
     bert, tokenizer = tiny.build("BertForSequenceClassification", fresh=True)
     normx.explain(bert, tokenizer, TEXT)
-    assert recalled(bert, OWN_STATES) == frozenset({0, 1, 2})
+    assert recalled(bert, OWN_FORWARD).states == frozenset({0, 1, 2})
     llama, tokenizer = tiny.build("LlamaForCausalLM", fresh=True)
     normx.explain(llama, tokenizer, TEXT)
-    assert recalled(llama, OWN_STATES) == frozenset({0, 1})
+    assert recalled(llama, OWN_FORWARD).states == frozenset({0, 1})
 
 
 def test_a_bert_pass_hooks_nothing_until_its_tree_changes(monkeypatch):
@@ -82,7 +85,7 @@ def test_a_bert_pass_hooks_nothing_until_its_tree_changes(monkeypatch):
     weights = model.classifier.state_dict()
     model.classifier = torch.nn.Linear(model.classifier.in_features, model.classifier.out_features)
     model.classifier.load_state_dict(weights)
-    assert recalled(model, OWN_STATES) is None  # a registration: what the check found is not kept
+    assert recalled(model, OWN_FORWARD) is None  # a registration: what the check found is not kept
     hooked.clear()
     again = normx.explain(model, tokenizer, TEXT, layer="all").scores  # the same weights, read through hooks
     assert len(hooked) == 1
@@ -151,7 +154,8 @@ def test_rows_that_fill_their_batch_run_without_a_mask_of_ones(case_id, monkeypa
     model, tokenizer = tiny.build(case_id, fresh=True)
     texts = tiny.texts_for(tiny.CASE_BY_ID[case_id], tokenizer)
     normx.explain(model, tokenizer, texts[0])
-    assert recalled(model, UNMASKED) is True
+    found = recalled(model, OWN_FORWARD)
+    assert found.unmasked is True
     same = [t for t in texts if len(tokenizer(t)["input_ids"]) == len(tokenizer(texts[0])["input_ids"])]
     mixed = [texts[0], *[t for t in texts if len(tokenizer(t)["input_ids"]) != len(tokenizer(texts[0])["input_ids"])]]
     assert len(mixed) > 1
@@ -159,7 +163,7 @@ def test_rows_that_fill_their_batch_run_without_a_mask_of_ones(case_id, monkeypa
     calls = [(same, "all"), (mixed, "all"), (texts[0], None)]
     got = [normx.explain(model, tokenizer, texts_, layer=layer, batch_size=8) for texts_, layer in calls]
     assert seen == [False, True, False]
-    remember(model, UNMASKED, False)
+    remember(model, OWN_FORWARD, replace(found, unmasked=False))
     want = [normx.explain(model, tokenizer, texts_, layer=layer, batch_size=8) for texts_, layer in calls]
     assert seen[3:] == [True, True, True]
     for a, b in zip(got, want):
