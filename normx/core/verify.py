@@ -144,8 +144,8 @@ def verify(model, adapter: Adapter) -> bool:
                               f"after them (off by {_off(short, long):.3g} of their scale): it is not a left-to-right "
                               "causal LM (a model that can be both is one only with is_decoder=True / causal=True in "
                               "its config), so one pass cannot hold each generation step")
-        remember(base, OWN_FORWARD, OwnForward(_own_states(base, adapter, blocks, alone[0]),
-                                               all(_unmasked(base, adapter, row) for row in alone)))
+        unmasked = all(_unmasked(base, adapter, row, out) for row, out in zip(alone, plain))
+        remember(base, OWN_FORWARD, OwnForward(_own_states(base, adapter, blocks, alone[0]), unmasked))
         captured = _normx_forward(base, adapter, blocks, inputs)  # and on the padded batch
         try:
             for r, n in enumerate(lengths):
@@ -188,17 +188,19 @@ def _own_states(base, adapter: Adapter, blocks: list, inputs: dict) -> frozenset
     return frozenset(found)
 
 
-def _unmasked(base, adapter: Adapter, row: dict) -> bool:
+def _unmasked(base, adapter: Adapter, row: dict, plain) -> bool:
     """Whether the backbone gives exactly the same hidden states (every layer's, and its last) on ``row`` (one text
-    alone: its attention mask all ones) without the attention mask as with it."""
-    def states(inputs):
-        out = base.base_model(**inputs, **adapter.forward_kwargs, output_hidden_states=True)
-        return [out[0], *(getattr(out, "hidden_states", None) or ())]
-
+    alone: its attention mask all ones) without the attention mask as the model's plain call on it with the mask,
+    ``plain``, reported them (none reported: not known, so False)."""
+    reported = getattr(plain, "hidden_states", None)
+    if not reported:
+        return False
     try:
-        masked, bare = states(row), states({name: value for name, value in row.items() if name != "attention_mask"})
+        out = base.base_model(**{name: value for name, value in row.items() if name != "attention_mask"},
+                              **adapter.forward_kwargs, output_hidden_states=True)
     except (TypeError, ValueError, AttributeError, IndexError, RuntimeError):
         return False
+    bare, masked = [out[0], *(getattr(out, "hidden_states", None) or ())], [reported[-1], *reported]
     return len(masked) == len(bare) and all(isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
                                             and a.shape == b.shape and torch.equal(a, b) for a, b in zip(masked, bare))
 

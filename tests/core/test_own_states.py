@@ -187,7 +187,7 @@ def test_a_backbone_that_differs_without_its_mask_keeps_it():
     adapter = normx.get_adapter(model)
     row = {"input_ids": torch.tensor([[5, 6, 7, 8]]), "attention_mask": torch.ones(1, 4, dtype=torch.long)}
     with torch.no_grad():
-        assert _unmasked(model, adapter, row)
+        assert _unmasked(model, adapter, row, model(**row, output_hidden_states=True))
         forward = model.bert.forward
 
         def shifted(*args, attention_mask=None, **kwargs):  # a model that reads a missing mask otherwise
@@ -197,5 +197,5 @@ def test_a_backbone_that_differs_without_its_mask_keeps_it():
             return out
 
         model.bert.forward = shifted
-        assert not _unmasked(model, adapter, row)
+        assert not _unmasked(model, adapter, row, model(**row, output_hidden_states=True))
         del model.bert.forward
