@@ -26,15 +26,16 @@ import threading
 import weakref
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 
 from normx._torch import nn
 from normx.models import unwrap_model
-from normx.models.structure import submodules
+from normx.models.structure import module_dicts, submodules
 
 _SHARED, _EXCLUSIVE = "shared", "exclusive"
 _FREE = (None, 0)
 _TRAINING = attrgetter("training")
+_TRAINING_FLAG = itemgetter("training")
 
 
 class ModelLock:
@@ -49,7 +50,8 @@ class ModelLock:
     """
 
     def __init__(self) -> None:
-        self._cond = threading.Condition(threading.Lock())
+        self._mutex = threading.Lock()  # held directly (a Condition's own enter and exit are Python calls)
+        self._cond = threading.Condition(self._mutex)
         self._readers = 0
         self._writer: int | None = None
         self._writers_waiting = 0
@@ -63,19 +65,19 @@ class ModelLock:
         self._local.hold = (mode, depth)
 
     def _acquire_shared(self) -> None:
-        with self._cond:
+        with self._mutex:
             while self._writer is not None or self._writers_waiting:
                 self._cond.wait()
             self._readers += 1
 
     def _release_shared(self) -> None:
-        with self._cond:
+        with self._mutex:
             self._readers -= 1
             if not self._readers and self._writers_waiting:  # (a reader waits only for writers: none to wake)
                 self._cond.notify_all()
 
     def _acquire_exclusive(self) -> None:
-        with self._cond:
+        with self._mutex:
             self._writers_waiting += 1
             try:
                 while self._writer is not None or self._readers:
@@ -85,7 +87,7 @@ class ModelLock:
             self._writer = threading.get_ident()
 
     def _release_exclusive(self) -> None:
-        with self._cond:
+        with self._mutex:
             self._writer = None
             self._cond.notify_all()
 
@@ -168,6 +170,9 @@ _GUARD = threading.Lock()
 
 def _lock_of(table: weakref.WeakKeyDictionary, obj, make):
     """``table[obj]``, made with ``make()`` the first time (for as long as ``obj`` lives)."""
+    lock = table.get(obj)  # (a dict read is atomic: the guard only for making one)
+    if lock is not None:
+        return lock
     with _GUARD:
         lock = table.get(obj)
         if lock is None:
@@ -175,10 +180,10 @@ def _lock_of(table: weakref.WeakKeyDictionary, obj, make):
         return lock
 
 
-def model_lock(model: nn.Module) -> ModelLock:
+def model_lock(model: nn.Module, unwrapped: bool = False) -> ModelLock:
     """The :class:`ModelLock` of ``model`` (the same for a PEFT wrapper and the model inside it, whose modules are
-    the shared ones)."""
-    return _lock_of(_MODEL_LOCKS, unwrap_model(model), ModelLock)
+    the shared ones; ``unwrapped``: ``model`` is the model inside already)."""
+    return _lock_of(_MODEL_LOCKS, model if unwrapped else unwrap_model(model), ModelLock)
 
 
 def pause(model: nn.Module) -> None:
@@ -195,8 +200,12 @@ def _training_modules(model: nn.Module) -> list[nn.Module]:
 
 
 def _any_training(model: nn.Module) -> bool:
-    """Whether any module of ``model`` is in training mode (:func:`_training_modules`, read in C: once per call)."""
-    return model.training or any(map(_TRAINING, submodules(model)))
+    """Whether any module of ``model`` is in training mode (:func:`_training_modules`, read in C from the modules'
+    instance dicts: once per call; through the attribute where a module keeps its flag elsewhere)."""
+    try:
+        return model.training or any(map(_TRAINING_FLAG, module_dicts(model)))
+    except KeyError:
+        return model.training or any(map(_TRAINING, submodules(model)))
 
 
 def using(model: nn.Module, lock: ModelLock | None = None) -> _Using:
@@ -223,7 +232,7 @@ class _Using:
         held = lock.shared()
         held.__enter__()  # the flags are read under the lock: nobody is switching them meanwhile
         try:
-            plain = lock.held_by_this_thread == _EXCLUSIVE or not _any_training(model)
+            plain = held._was[0] == _EXCLUSIVE or not _any_training(model)
         except BaseException:
             held.__exit__(None, None, None)
             raise

@@ -60,6 +60,7 @@ class Pass:
     reads: tuple[int, ...] = ()  # more layers to capture
     num_layers: int | None = None  # the model's blocks, where the caller has counted them (else counted here)
     full: bool = False  # every row fills the batch (its attention mask is all ones), as the caller who padded knows
+    at: int | None = None  # the position every row pools at, where ``full`` makes it known on the host
     _normed: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)  # decoders: norm(x^L)
     _every: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)  # every_head's runs, by layer
 
@@ -90,6 +91,8 @@ class Pass:
     def locate(self) -> Pass:
         """Only find the pooled positions, without the forward pass (for methods that run their own)."""
         self.pooled = self.adapter.pooled_positions(self.model.config, self.inputs, self.mask_token_id)
+        if self.full:
+            self.at = self.adapter.shared_position(self.inputs["input_ids"].shape[-1])
         return self
 
     # ---- head --------------------------------------------------------------------------------------------------------
@@ -138,6 +141,8 @@ class Pass:
 
     def pooled_rows(self, every: torch.Tensor) -> torch.Tensor:
         """Each row's values at its pooled position: [B, T, ...] -> [B, ...]."""
+        if self.at is not None:
+            return every.select(1, self.at)
         index = self.pooled.reshape(-1, *[1] * (every.dim() - 1))
         return torch.take_along_dim(every, index, dim=1).squeeze(1)
 

@@ -66,4 +66,4 @@ def model_handle(model) -> ModelHandle:
     if isinstance(model, ModelHandle):
         return model
     base = unwrap_model(model)
-    return ModelHandle(model, base, verified_adapter(model), model_lock(base))
+    return ModelHandle(model, base, verified_adapter(model), model_lock(base, unwrapped=True))

@@ -176,23 +176,25 @@ def encode(tokenizer, texts: list[str], pairs: list[str] | None, max_length: int
                                 **kwargs)
             parts, tokens = _from_batch(enc, 0, keep), None
             warnings.append(f"{what}: truncated to {max_length} tokens")
-        ids, offsets, seq_ids, special, extra = parts
+        ids, offsets, seq_ids, mask, extra = parts
         warnings.extend(unknown_pieces(tokenizer, ids, offsets, text, pair, seq_ids))
-        segments = _segments(seq_ids, special, pair is not None)
+        special, segments = _segments(seq_ids, mask, pair is not None)
         out.append(Encoded(text=text, text_pair=pair, ids=ids, tokens=tokens or vocabulary_names(tokenizer, ids),
                            offsets=offsets, segments=segments, special=special, extra=extra, warnings=warnings))
     return out
 
 
-def _segments(sequence_ids: list | None, special: list[bool], pair: bool) -> list[int]:
-    """Each token's text (0 = text, 1 = text_pair; -1 = a special token or one of no text), without a Python loop
-    over the tokens: a single text's tokens are all of it but the special ones (which alone have no sequence)."""
+def _segments(sequence_ids: list | None, mask: np.ndarray, pair: bool) -> tuple[list[bool], list[int]]:
+    """(special, segments) of the tokens whose special-tokens mask is ``mask`` (int64, 1 = special): whether each is a
+    special token, and its text (0 = text, 1 = text_pair; -1 = a special token or one of no text), without a Python
+    loop over the tokens: a single text's tokens are all of it but the special ones (which alone have no sequence)."""
+    special = (mask != 0).tolist()
     if sequence_ids is None:
-        return [-1] * len(special)
+        return special, [-1] * len(special)
     if not pair:
-        return (-np.array(special, np.int64)).tolist()
+        return special, (-mask).tolist()
     which = np.array(sequence_ids, dtype=np.float64)  # (None -> nan)
-    return np.where(np.isnan(which) | np.array(special, dtype=bool), -1, np.nan_to_num(which)).astype(int).tolist()
+    return special, np.where(np.isnan(which) | (mask != 0), -1, np.nan_to_num(which)).astype(int).tolist()
 
 
 def backend_encodings(tokenizer, texts: list[str], pairs: list[str] | None) -> list | None:
@@ -202,21 +204,25 @@ def backend_encodings(tokenizer, texts: list[str], pairs: list[str] | None) -> l
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if not _plain_encoding(tokenizer, backend):
         return None
+    if len(texts) == 1:  # (one text: no batch to spread over threads)
+        return [backend.encode(texts[0], None if pairs is None else pairs[0], add_special_tokens=True)]
     return backend.encode_batch(list(texts) if pairs is None else list(zip(texts, pairs)), add_special_tokens=True)
 
 
 def _from_encoding(encoding, keep: list[str]) -> tuple:
-    """(ids, offsets, sequence ids, special, extra inputs) of one Rust encoding, as :func:`_from_batch` reads them."""
+    """(ids, offsets, sequence ids, special-tokens mask, extra inputs) of one Rust encoding, as :func:`_from_batch`
+    reads them."""
     extra = {"token_type_ids": list(encoding.type_ids)} if "token_type_ids" in keep else {}
     return (list(encoding.ids), list(encoding.offsets), encoding.sequence_ids,
-            np.array(encoding.special_tokens_mask, dtype=bool).tolist(), extra)
+            np.array(encoding.special_tokens_mask, np.int64), extra)
 
 
 def _from_batch(enc, index: int, keep: list[str]) -> tuple:
-    """(ids, offsets, sequence ids, special, extra inputs) of row ``index`` of a tokenizer call's output."""
+    """(ids, offsets, sequence ids, special-tokens mask (an int64 array), extra inputs) of row ``index`` of a
+    tokenizer call's output."""
     return (list(enc["input_ids"][index]), [tuple(o) for o in enc["offset_mapping"][index]],
             enc.sequence_ids(index) if enc.encodings else None,
-            np.array(enc["special_tokens_mask"][index], dtype=bool).tolist(),
+            np.array(enc["special_tokens_mask"][index], np.int64),
             {name: list(enc[name][index]) for name in keep if name in enc})
 
 

@@ -57,6 +57,8 @@ def verified_adapter(model) -> Adapter:
     (:func:`verify`); the check runs once per model and adapter, and concurrent first calls wait for one check."""
     base = unwrap_model(model)
     adapter = get_adapter(base)
+    if _VERIFIED.get(base) is adapter:  # (a dict read is atomic: the guard only for a first use)
+        return adapter
     with _GUARD:
         if _VERIFIED.get(base) is adapter:
             return adapter

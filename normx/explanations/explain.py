@@ -81,13 +81,10 @@ def explain(model, tokenizer, texts: str | Sequence[str], method: str = "normxlo
     settings = {"method": plan.method.name, "target": target, "foil": foil, "layer": layer, "embedding": embedding,
                 **model_settings(plan.handle, param), "max_length": limit,
                 "label_dependent": plan.method.label_dependent,
-                "reading": plan.method.reading_for(plan.options, regression=plan.labels.regression,
-                                                   foil=foil is not None),
-                **plan.options}
+                "reading": plan.reading, **plan.options}
     results: list[Explanation] = []
-    pad = getattr(base.config, "pad_token_id", None)
     for items, inputs in batches(encoded, plan.handle.rows_per_pass(batch_size), tokenizer, param.device):
-        out = attribute_batch(plan, inputs, full=_full(items, pad))
+        out = attribute_batch(plan, inputs, full=_full(items, plan.pad_token_id))
         scores = out.scores.cpu().numpy()
         diagnostics = {name: value.float().cpu() for name, value in out.diagnostics.items()}
         pooled = out.pooled.tolist()
@@ -126,6 +123,8 @@ class Plan:
     mask_token_id: int | None
     reads: tuple[int, ...] = ()  # every layer the method's scores read, ``layers`` included (``Method.capture``)
     num_layers: int | None = None  # the model's blocks (its last layer), as the plan was resolved
+    reading: str | None = None  # how its scores read (``Method.reading_for`` its options, head and foil)
+    pad_token_id: int | None = None  # the config's pad token (:func:`_full`)
 
     @property
     def model(self) -> torch.nn.Module:
@@ -174,7 +173,8 @@ def prepare(model, tokenizer, method: str = "normxlogit", target=None, layer=Non
     mask_token_id = tokenizer.mask_token_id if adapter.kind is HeadKind.MASKED_LM else None  # (read where used)
     columns = None if resolved.target_columns is None else list(resolved.target_columns)  # (a caller's own copies)
     return Plan(handle, chosen, dict(resolved.options), resolved.labels, columns, resolved.foil_column,
-                list(resolved.layers), embedding, mask_token_id, resolved.reads, resolved.num_layers)
+                list(resolved.layers), embedding, mask_token_id, resolved.reads, resolved.num_layers, resolved.reading,
+                resolved.pad_token_id)
 
 
 @dataclass(frozen=True)
@@ -190,6 +190,8 @@ class _Resolved:
     layers: list[int]
     reads: tuple[int, ...]
     num_layers: int
+    reading: str
+    pad_token_id: int | None
 
 
 def _resolve(handle: ModelHandle, tokenizer, chosen: Method, target, layer, foil, embedding: str, pair: bool,
@@ -220,7 +222,9 @@ def _resolve(handle: ModelHandle, tokenizer, chosen: Method, target, layer, foil
     else:
         layers = [0]
     return _Resolved(chosen, options, labels, target_columns, foil_column, layers,
-                     tuple(chosen.capture(layers, num_layers, options)), num_layers)
+                     tuple(chosen.capture(layers, num_layers, options)), num_layers,
+                     chosen.reading_for(options, regression=labels.regression, foil=foil is not None),
+                     getattr(base.config, "pad_token_id", None))
 
 
 def attribute_batch(plan: Plan, inputs: dict[str, torch.Tensor], columns: torch.Tensor | None = None,

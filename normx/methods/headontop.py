@@ -23,7 +23,7 @@ def logat_at(ctx: Context, layer: int) -> torch.Tensor:
     wanted = ctx.labels.head_columns(ctx.columns, ctx.foil)
     # [B, T, C], or [B, T, U] at the needed vocabulary columns only
     out = (run.head(run.head_input(layer), wanted.vocab) if ctx.labels.is_vocabulary else run.every_head(layer)).float()
-    scores = torch.gather(out, 2, wanted.targets[:, None, :].expand(-1, out.shape[1], -1))  # [B, T, K]
+    scores = torch.gather(out, 2, wanted.targets.unsqueeze(1).expand(-1, out.shape[1], -1))  # [B, T, K]
     if wanted.foil is not None:
         scores = scores - torch.gather(out, 2, wanted.foil[:, None, None].expand(-1, out.shape[1], 1))
     return scores.permute(0, 2, 1)  # [B, K, T]
@@ -31,11 +31,15 @@ def logat_at(ctx: Context, layer: int) -> torch.Tensor:
 
 def logat(ctx: Context) -> torch.Tensor:
     """LogAt scores [B, K, layers, T] at the context's layers."""
-    return torch.stack([logat_at(ctx, layer) for layer in ctx.run.layers], dim=2)
+    layers = ctx.run.layers
+    if len(layers) == 1:  # (a view, where a stack of one copies)
+        return logat_at(ctx, layers[0]).unsqueeze(2)
+    return torch.stack([logat_at(ctx, layer) for layer in layers], dim=2)
 
 
 def _normxlogit(ctx: Context) -> torch.Tensor:
-    return ctx.run.input_norm[:, None, None, :] * logat(ctx)
+    norms = ctx.run.input_norm  # [B, T]
+    return norms.view(norms.shape[0], 1, 1, norms.shape[1]) * logat(ctx)
 
 
 def _l2norm(ctx: Context) -> torch.Tensor:

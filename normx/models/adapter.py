@@ -139,6 +139,14 @@ class Adapter:
     def num_layers(self, model: nn.Module) -> int:
         return len(self._blocks(model))
 
+    def shared_position(self, width: int) -> int | None:
+        """The position every row of a batch pools at when each row fills all ``width`` positions (no padding, none
+        ending with the pad token: :attr:`normx.core.forward.Pass.full`), known without reading the batch: the first
+        (``"first"``, ``"mean"``, ``"late"``) or the last (``"last"``); None where the tokens decide (``"mask"``)."""
+        if self.pooling in ("first", "mean", "late"):
+            return 0
+        return width - 1 if self.pooling == "last" else None
+
     def pooled_positions(self, config, inputs: dict[str, torch.Tensor], mask_token_id: int | None = None
                          ) -> torch.Tensor:
         """[B] the position whose head output is the model's prediction, in a padded batch: the first real token

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 
 def _first_token(h: torch.Tensor) -> torch.Tensor:
-    return h[:, None, :]
+    return h.unsqueeze(1)
 
 
 # ---- sequence classification ----------------------------------------------------------------------------------
