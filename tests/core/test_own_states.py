@@ -199,3 +199,31 @@ def test_a_backbone_that_differs_without_its_mask_keeps_it():
         model.bert.forward = shifted
         assert not _unmasked(model, adapter, row, model(**row, output_hidden_states=True))
         del model.bert.forward
+
+
+@pytest.mark.parametrize(("case_id", "where"), [("BertForSequenceClassification", "first"),
+                                                ("GPT2ForSequenceClassification", "last"),
+                                                ("LlamaForCausalLM", "last"), ("ElectraForMaskedLM", None)])
+def test_rows_that_fill_their_batch_pool_where_their_mask_says(case_id, where):
+    """Where every row fills its batch, the position each pools at is known without reading the batch (the first or
+    the last; a mask token's is read from the tokens): the rows read there are those the mask finds."""
+    from normx.core.forward import Pass
+    from normx.core.inputs import batches, encode
+    from normx.explanations.explain import prepare
+
+    model, tokenizer = tiny.build(case_id)
+    text = tiny.texts_for(tiny.CASE_BY_ID[case_id], tokenizer)[0]
+    plan = prepare(model, tokenizer)
+    encoded = encode(tokenizer, [text, text], None, 512, "warn")
+    _, inputs = next(batches(encoded, 2, tokenizer, torch.device("cpu")))
+    width = inputs["input_ids"].shape[1]
+    runs = [Pass(plan.base, plan.adapter, inputs, plan.layers, mask_token_id=tokenizer.mask_token_id, full=full)
+            for full in (True, False)]
+    for run in runs:
+        with torch.inference_mode():
+            run.run()
+    assert runs[0].at == {"first": 0, "last": width - 1, None: None}[where] and runs[1].at is None
+    every = torch.arange(2 * width * 3, dtype=torch.float32).reshape(2, width, 3)
+    torch.testing.assert_close(runs[0].pooled, runs[1].pooled, rtol=0, atol=0)
+    torch.testing.assert_close(runs[0].pooled_rows(every), runs[1].pooled_rows(every), rtol=0, atol=0)
+    torch.testing.assert_close(runs[0].pooled_rows(every), every[torch.arange(2), runs[1].pooled], rtol=0, atol=0)
