@@ -27,15 +27,16 @@ _HUGE = 10**6  # tokenizers without a real limit report model_max_length as a hu
 def as_text_list(texts: str | Sequence[str], name: str = "texts") -> list[str]:
     if isinstance(texts, str):
         texts = [texts]
-    if not isinstance(texts, Sequence) or isinstance(texts, (bytes, bytearray)):
+    elif type(texts) is not list and (not isinstance(texts, Sequence) or isinstance(texts, (bytes, bytearray))):
         raise InvalidInputError(f"{name} must be a string or a list of strings, got {type(texts).__name__}")
-    texts = list(texts)
+    else:
+        texts = list(texts)
     if not texts:
         raise InvalidInputError(f"{name} is an empty list; give at least one text")
     for i, text in enumerate(texts):
         if not isinstance(text, str):
             raise InvalidInputError(f"{name}[{i}] must be a string, got {type(text).__name__}: {text!r}")
-        check_text(text, f"{name}[{i}]")
+        check_text(text, name, i)
     return texts
 
 
@@ -58,25 +59,33 @@ def positive_int(value, name: str, *, none: bool = False):
     return value
 
 
-def check_text(text: str, name: str = "the text") -> None:
+def check_text(text: str, name: str = "the text", index: int | None = None) -> None:
     """Raise for text a tokenizer cannot take or that has nothing to explain: a lone surrogate (not valid
-    Unicode), or only white space, control, format (zero-width) or NUL characters (:class:`EmptyTextError`)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise InvalidInputError(f"{name} is not valid Unicode: a lone surrogate {text[exc.start]!r} at character "
-                                f"{exc.start}; decode the text with errors='replace' first") from None
+    Unicode), or only white space, control, format (zero-width) or NUL characters (:class:`EmptyTextError`). The
+    messages name it ``name`` (``name[index]`` with ``index``)."""
+    if not text.isascii():  # (an ASCII text has no surrogate)
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise InvalidInputError(f"{_named(name, index)} is not valid Unicode: a lone surrogate "
+                                    f"{text[exc.start]!r} at character {exc.start}; decode the text with "
+                                    "errors='replace' first") from None
     if not any(not ch.isspace() and unicodedata.category(ch) not in _INVISIBLE for ch in text):
-        raise EmptyTextError(f"{name} is empty or has only white space, control or zero-width characters "
-                             f"({text[:40]!r}); give a text with something to explain")
+        raise EmptyTextError(f"{_named(name, index)} is empty or has only white space, control or zero-width "
+                             f"characters ({text[:40]!r}); give a text with something to explain")
+
+
+def _named(name: str, index: int | None) -> str:
+    return name if index is None else f"{name}[{index}]"
 
 
 _INVISIBLE = {"Cc", "Cf", "Zs", "Zl", "Zp", "Cn"}  # control, format (zero-width), separators, unassigned
 
 
-def resolve_max_length(max_length, tokenizer, handle: ModelHandle) -> int:
-    """``max_length`` checked against what the model of ``handle`` takes (default: that limit)."""
-    limit = max_input_length(tokenizer, handle)
+def resolve_max_length(max_length, tokenizer, handle: ModelHandle, positions: int | None = ...) -> int:
+    """``max_length`` checked against what the model of ``handle`` takes (default: that limit); ``positions``: its
+    position table's length where the caller has read it (:attr:`ModelHandle.max_positions`)."""
+    limit = max_input_length(tokenizer, handle, positions)
     if max_length is None:
         return limit
     if isinstance(max_length, bool) or not isinstance(max_length, int) or not 1 <= max_length <= limit:
@@ -128,14 +137,15 @@ def pad_token_id(tokenizer) -> int | None:
     return None
 
 
-def max_input_length(tokenizer, handle: ModelHandle) -> int:
+def max_input_length(tokenizer, handle: ModelHandle, positions: int | None = ...) -> int:
     """The longest input the model of ``handle`` takes: the tokenizer's limit, capped by the model's position
-    table (as its adapter reads it)."""
+    table (as its adapter reads it; ``positions``: as the caller has read it)."""
     limits = []
     tok_max = getattr(tokenizer, "model_max_length", None)
     if isinstance(tok_max, int) and 0 < tok_max < _HUGE:
         limits.append(tok_max)
-    positions = handle.max_positions
+    if positions is ...:
+        positions = handle.max_positions
     if positions is not None:
         limits.append(positions)
     return min(limits) if limits else 512

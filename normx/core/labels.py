@@ -84,19 +84,20 @@ class LabelSpace:
         read = self.read(logits[None], [columns])
         return read.labels[0], read.probabilities[0]
 
-    def read(self, logits: torch.Tensor, columns: list[list[int]]) -> Read:
+    def read(self, logits: torch.Tensor, columns: list[list[int]], best: list[int] | None = None) -> Read:
         """:meth:`prediction` for each row of ``logits`` [N, C] with its own ``columns``, read off the device in one
         go (one top-k and one copy for all rows, not one per row). A vocabulary head's probabilities are those of
         the shown tokens only, exp(logit - logsumexp) with the row's maximum from the top-k, never a softmax over the
-        whole vocabulary kept."""
+        whole vocabulary kept. ``best``: a classifier's top column of each row, where the caller has it (the argmax
+        of these ``logits``: :meth:`target_columns` of no requested column)."""
         if self.regression:
             values = logits[:, 0].tolist()
             return Read(values, [{} for _ in values], [0] * len(values), [[] for _ in values])
         if not self.is_vocabulary:
             probs = (logits.sigmoid() if self.multi_label else logits.softmax(-1)).tolist()
-            best = logits.argmax(-1).tolist()
-            return Read([self.names[b] for b in best],
-                        [{self.names[i]: float(v) for i, v in enumerate(row)} for row in probs], best,
+            best = logits.argmax(-1).tolist() if best is None else best
+            names = self.names
+            return Read([names[b] for b in best], [dict(zip(names, row)) for row in probs], best,
                         [[row[c] for c in wanted] for row, wanted in zip(probs, columns)])
         top = logits.topk(min(TOP_TOKENS + 1, logits.shape[-1]), dim=-1)
         best = top.indices[:, 0]

@@ -72,7 +72,7 @@ def explain(model, tokenizer, texts: str | Sequence[str], method: str = "normxlo
     plan = prepare(model, tokenizer, method, target, layer, foil=foil, embedding=embedding, pair=pairs is not None,
                    **options)
     base, adapter = plan.base, plan.adapter
-    limit = resolve_max_length(max_length, tokenizer, plan.handle)
+    limit = resolve_max_length(max_length, tokenizer, plan.handle, plan.max_positions)
     param = first_parameter(base)  # (its device: where the inputs go, ModelHandle.device; its dtype: the settings)
     encoded = encode(tokenizer, texts, pairs, limit, truncation)
     warn_user(encoded)
@@ -89,7 +89,9 @@ def explain(model, tokenizer, texts: str | Sequence[str], method: str = "normxlo
         diagnostics = {name: value.float().cpu() for name, value in out.diagnostics.items()}
         pooled = out.pooled.tolist()
         columns = out.columns.tolist()
-        read = plan.labels.read(out.logits, columns)  # every row's prediction, off the device in one go
+        # every row's prediction, off the device in one go (its top column is the explained one: no target asked)
+        best = None if plan.target_columns is not None else [row[0] for row in columns]
+        read = plan.labels.read(out.logits, columns, best)
         for row, item in enumerate(items):  # a row's tokens are its first len(ids) positions (collate pads right)
             results.append(_explanation(item, scores[row][:, :, :len(item.ids)], columns[row],
                                         (read.labels[row], read.probabilities[row]), plan, settings,
@@ -125,6 +127,7 @@ class Plan:
     num_layers: int | None = None  # the model's blocks (its last layer), as the plan was resolved
     reading: str | None = None  # how its scores read (``Method.reading_for`` its options, head and foil)
     pad_token_id: int | None = None  # the config's pad token (:func:`_full`)
+    max_positions: int | None = ...  # the model's position table (``ModelHandle.max_positions``; ...: not read)
 
     @property
     def model(self) -> torch.nn.Module:
@@ -174,7 +177,7 @@ def prepare(model, tokenizer, method: str = "normxlogit", target=None, layer=Non
     columns = None if resolved.target_columns is None else list(resolved.target_columns)  # (a caller's own copies)
     return Plan(handle, chosen, dict(resolved.options), resolved.labels, columns, resolved.foil_column,
                 list(resolved.layers), embedding, mask_token_id, resolved.reads, resolved.num_layers, resolved.reading,
-                resolved.pad_token_id)
+                resolved.pad_token_id, resolved.max_positions)
 
 
 @dataclass(frozen=True)
@@ -192,6 +195,7 @@ class _Resolved:
     num_layers: int
     reading: str
     pad_token_id: int | None
+    max_positions: int | None
 
 
 def _resolve(handle: ModelHandle, tokenizer, chosen: Method, target, layer, foil, embedding: str, pair: bool,
@@ -224,7 +228,7 @@ def _resolve(handle: ModelHandle, tokenizer, chosen: Method, target, layer, foil
     return _Resolved(chosen, options, labels, target_columns, foil_column, layers,
                      tuple(chosen.capture(layers, num_layers, options)), num_layers,
                      chosen.reading_for(options, regression=labels.regression, foil=foil is not None),
-                     getattr(base.config, "pad_token_id", None))
+                     getattr(base.config, "pad_token_id", None), handle.max_positions)
 
 
 def attribute_batch(plan: Plan, inputs: dict[str, torch.Tensor], columns: torch.Tensor | None = None,
@@ -299,8 +303,18 @@ def model_settings(handle: ModelHandle, param=None) -> dict:
     base = handle.base
     param = first_parameter(base) if param is None else param
     return {"model_class": handle.name, "peft": base is not handle.model,
-            "dtype": None if param is None else str(param.dtype).replace("torch.", ""),
-            "device": None if param is None else str(param.device)}
+            "dtype": None if param is None else _name_of(param.dtype),
+            "device": None if param is None else _name_of(param.device)}
+
+
+_NAMES: dict = {}  # a dtype's or device's name, as results record it: made once each
+
+
+def _name_of(value) -> str:
+    name = _NAMES.get(value)
+    if name is None:
+        name = _NAMES[value] = str(value).replace("torch.", "")  # (a dict write is atomic: two threads, one name)
+    return name
 
 
 def _explanation(item: Encoded, scores: np.ndarray, columns: list[int], predicted: tuple[str | float, dict],

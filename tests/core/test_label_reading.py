@@ -45,6 +45,9 @@ def test_classification_and_regression_rows():
     probs = logits.softmax(-1)
     assert read.probabilities[0] == {labels.names[i]: float(probs[0, i]) for i in range(3)}
     assert read.wanted == [[float(probs[0, 0])], [float(probs[1, 2])]]
+    given = labels.read(logits, [[0], [2]], best=logits.argmax(-1).tolist())  # the caller's argmax, ties included
+    assert (given.labels, given.probabilities, given.best, given.wanted) == (read.labels, read.probabilities,
+                                                                             read.best, read.wanted)
 
 
 def test_rows_with_columns_of_different_lengths():
@@ -71,8 +74,8 @@ def test_explain_reads_a_batch_of_predictions_at_once(monkeypatch):
     alone = [normx.explain(model, tokenizer, text) for text in texts]
     reads = []
     original = LabelSpace.read
-    monkeypatch.setattr(LabelSpace, "read", lambda self, logits, columns: reads.append(len(columns))
-                        or original(self, logits, columns))
+    monkeypatch.setattr(LabelSpace, "read", lambda self, logits, columns, best=None: reads.append(len(columns))
+                        or original(self, logits, columns, best))
     together = normx.explain(model, tokenizer, texts, batch_size=8)
     assert reads == [3]
     for one, row in zip(alone, together):
