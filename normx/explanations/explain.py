@@ -84,7 +84,7 @@ def explain(model, tokenizer, texts: str | Sequence[str], method: str = "normxlo
                 "reading": plan.reading, **plan.options}
     results: list[Explanation] = []
     for items, inputs in batches(encoded, plan.handle.rows_per_pass(batch_size), tokenizer, param.device):
-        out = attribute_batch(plan, inputs, full=_full(items, plan.pad_token_id))
+        out = attribute_batch(plan, inputs, full=full_rows(items, plan.pad_token_id))
         scores = out.scores.cpu().numpy()
         diagnostics = {name: value.float().cpu() for name, value in out.diagnostics.items()}
         pooled = out.pooled.tolist()
@@ -100,7 +100,7 @@ def explain(model, tokenizer, texts: str | Sequence[str], method: str = "normxlo
     return results[0] if single else Explanations(results)
 
 
-def _full(items: list[Encoded], pad: int | None) -> bool:
+def full_rows(items: list[Encoded], pad: int | None) -> bool:
     """Every row fills the batch (no padding), and none starts or ends with the model's pad token (transformers warns
     that such a row may be padded when it gets no attention mask; :attr:`normx.core.forward.Pass.full`)."""
     width = len(items[0].ids)
@@ -126,7 +126,7 @@ class Plan:
     reads: tuple[int, ...] = ()  # every layer the method's scores read, ``layers`` included (``Method.capture``)
     num_layers: int | None = None  # the model's blocks (its last layer), as the plan was resolved
     reading: str | None = None  # how its scores read (``Method.reading_for`` its options, head and foil)
-    pad_token_id: int | None = None  # the config's pad token (:func:`_full`)
+    pad_token_id: int | None = None  # the config's pad token (:func:`full_rows`)
     max_positions: int | None = ...  # the model's position table (``ModelHandle.max_positions``; ...: not read)
 
     @property

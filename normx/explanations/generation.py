@@ -29,7 +29,7 @@ from normx.core.inputs import Encoded, batches, max_input_length, positive_int, 
 from normx.core.vocabulary import kept_for, vocabulary_names
 from normx.errors import EmptyTextError, InputTooLongError, InvalidInputError, UnsupportedModelError
 from normx.explanations.decoded_spans import decoded_ends
-from normx.explanations.explain import Plan, attribute_batch, model_settings, prepare
+from normx.explanations.explain import Plan, attribute_batch, full_rows, model_settings, prepare
 from normx.explanations.generation_length import check_truncation, fit_prompt
 from normx.explanations.generation_reading import mask_after, step_readings
 from normx.explanations.generation_response import at_response_level, response_level
@@ -319,7 +319,7 @@ def _one_pass(plan: Plan, tokenizer, items: list[Encoded], lengths: list[int], b
         columns = torch.tensor([_padded(item.ids[length:], steps) for item, length in rows], device=device)
         queries = torch.tensor([_padded(list(range(length - 1, len(item.ids) - 1)), steps) for item, length in rows],
                                device=device)
-        every, run, found = _all_steps(plan, inputs, columns, queries)
+        every, run, found = _all_steps(plan, inputs, columns, queries, full_rows(batch, plan.pad_token_id))
         last = run.head_input(adapter.num_layers(base))  # [B, T, H], after the final norm
         with plan.handle.using(), torch.no_grad():
             for r, (item, length) in enumerate(rows):
@@ -336,18 +336,19 @@ def _one_pass(plan: Plan, tokenizer, items: list[Encoded], lengths: list[int], b
     return scores, probabilities, predictions, shown, diagnostics
 
 
-def _all_steps(plan: Plan, inputs: dict, columns: torch.Tensor, queries: torch.Tensor
+def _all_steps(plan: Plan, inputs: dict, columns: torch.Tensor, queries: torch.Tensor, full: bool = False
                ) -> tuple[torch.Tensor, Pass, dict[str, torch.Tensor]]:
     """Every step's scores [B, steps, layers, T] from one pass, that pass, and the method's diagnostics per step
     ([B, steps] each). A per-position method scores every
     position for each step's column (the step's row: the positions before its token); a per-query method
-    (``Method.query_rows``) gives each step's row at its query position, the token before the generated one."""
+    (``Method.query_rows``) gives each step's row at its query position, the token before the generated one.
+    ``full``: every row fills the batch (:attr:`Pass.full`; a per-position method's pass leaves its mask out)."""
     method = plan.method
     if method.query_rows is None:
-        out = attribute_batch(plan, inputs, columns, prediction=False)  # (a per-position method: never read)
+        out = attribute_batch(plan, inputs, columns, prediction=False, full=full)  # (per-position: never read)
         return out.scores, out.run, dict(out.diagnostics)
     run = Pass(plan.base, plan.adapter, inputs, plan.layers, plan.embedding, reads=plan.reads,
-               num_layers=plan.num_layers).locate()
+               num_layers=plan.num_layers).locate()  # (its hooks read the attention its mask makes: kept)
     ctx = Context(run, plan.labels, columns, None, options=plan.options)
     with plan.handle.using(), method.grad_mode():
         every = method.query_rows(ctx, queries).float()

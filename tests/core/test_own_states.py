@@ -227,3 +227,20 @@ def test_rows_that_fill_their_batch_pool_where_their_mask_says(case_id, where):
     torch.testing.assert_close(runs[0].pooled, runs[1].pooled, rtol=0, atol=0)
     torch.testing.assert_close(runs[0].pooled_rows(every), runs[1].pooled_rows(every), rtol=0, atol=0)
     torch.testing.assert_close(runs[0].pooled_rows(every), every[torch.arange(2), runs[1].pooled], rtol=0, atol=0)
+
+
+def test_a_generation_read_from_one_pass_leaves_its_mask_out(monkeypatch):
+    """explain_generation's one pass over a prompt and its continuation fills its batch: a per-position method's pass
+    runs without a mask of ones, with the same scores as with it."""
+    model, tokenizer = tiny.build("LlamaForCausalLM", fresh=True)
+    normx.explain(model, tokenizer, TEXT)
+    found = recalled(model, OWN_FORWARD)
+    assert found.unmasked is True
+    seen = _masks(model, monkeypatch)
+    target = tokenizer(" the end", add_special_tokens=False)["input_ids"]
+    got = normx.explain_generation(model, tokenizer, TEXT, method="normxlogit", target=target)
+    remember(model, OWN_FORWARD, replace(found, unmasked=False))
+    want = normx.explain_generation(model, tokenizer, TEXT, method="normxlogit", target=target)
+    assert seen == [False, True]
+    for a, b in zip(got.rows(), want.rows()):
+        np.testing.assert_array_equal(a, b)
