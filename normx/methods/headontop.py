@@ -39,7 +39,7 @@ def logat(ctx: Context) -> torch.Tensor:
 
 def _normxlogit(ctx: Context) -> torch.Tensor:
     norms = ctx.run.input_norm  # [B, T]
-    return norms.view(norms.shape[0], 1, 1, norms.shape[1]) * logat(ctx)
+    return norms.reshape(norms.shape[0], 1, 1, norms.shape[1]) * logat(ctx)
 
 
 def _l2norm(ctx: Context) -> torch.Tensor:
