@@ -61,6 +61,9 @@ from normx.methods.response import ResponseContext, ResponseRows
 BUDGETS = {"fast": 2.0, "balanced": 6.0, "faithful": 24.0}
 RIDGE = 0.01  # the surrogate's ridge penalty on the centred masks (chosen on training contexts: docs/context.md)
 PRIOR_RIDGE = 1.0  # with a prior: the penalty on the weights' departure from the scaled prior (docs/context.md)
+LOSSES = ("huber", "squares")
+HUBER = 1.345  # Huber's corner, in robust standard deviations of the residuals (the usual 95 %-efficient one)
+ROUNDS = 20  # reweightings at most (they settle within a few on the designs the budget buys)
 PRIORS = ("auto", "calibrated_attention", "none")
 TINY_NLL = 1e-6  # a response the model is sure of (log p rounded to 0): its loss, for the log the surrogate fits
 # a prior whose weights read only these families runs on the whole pass's cache (its presence pass's last rows)
@@ -97,7 +100,7 @@ def budget_value(budget) -> float:
 
 
 def surrogate(masks: np.ndarray, log_p: np.ndarray, prior: np.ndarray | None = None,
-              strength: float = PRIOR_RIDGE) -> np.ndarray:
+              strength: float = PRIOR_RIDGE, loss: str = "huber") -> np.ndarray:
     """The sources' weights from the masks' outcomes ``log_p`` (the response's log-probability under each): the
     linear surrogate (:func:`fit`) of log(-log p), the log of the response's negative log-likelihood, on which a
     source that multiplies the likelihood's loss adds a constant (chosen on training contexts over fitting log p
@@ -106,35 +109,58 @@ def surrogate(masks: np.ndarray, log_p: np.ndarray, prior: np.ndarray | None = N
     nll = np.maximum(-np.asarray(log_p, np.float64), TINY_NLL)
     whole = np.asarray(masks, bool).all(1)
     anchor = nll[whole][0] if whole.any() else float(np.exp(np.log(nll).mean()))
-    return anchor * fit(masks, -np.log(nll), prior, strength)
+    return anchor * fit(masks, -np.log(nll), prior, strength, loss)
 
 
 def fit(masks: np.ndarray, log_p: np.ndarray, prior: np.ndarray | None = None,
-        strength: float = PRIOR_RIDGE) -> np.ndarray:
-    """Each source's weight in a least-squares surrogate of the response's log-probability (``log_p`` [masks]) on
-    the masks (centred). Without a ``prior``: a small ridge :data:`RIDGE` for designs cut short; a source kept or
-    removed in every mask weighs 0. With one (a score per source): the weights are ``c * prior + d``, the scale ``c``
-    fitted freely and ``d`` shrunk towards 0 by ``strength`` (a ridge towards the scaled prior), so the masks
-    correct the prior where they vary the sources and a source no mask varied keeps ``c`` times its prior."""
+        strength: float = PRIOR_RIDGE, loss: str = "huber") -> np.ndarray:
+    """Each source's weight in a surrogate of the response's log-probability (``log_p`` [masks]) linear in the masks.
+    Without a ``prior``: a small ridge :data:`RIDGE` for designs cut short; a source kept or removed in every mask
+    weighs 0. With one (a score per source): the weights are ``c * prior + d``, the scale ``c`` fitted freely and ``d``
+    shrunk towards 0 by ``strength`` (a ridge towards the scaled prior), so the masks correct the prior where they vary
+    the sources and a source no mask varied keeps ``c`` times its prior. ``loss``: ``"huber"`` (Huber's loss,
+    iteratively reweighted: a mask whose outcome lies more than :data:`HUBER` robust standard deviations off the fit
+    counts as if it lay there, so that a few masks far off a linear surrogate do not tilt the order it gives every
+    other mask; chosen on training contexts, docs/context.md) or ``"squares"`` (least squares)."""
+    if loss not in LOSSES:
+        raise InvalidInputError(f"loss={loss!r} is not one of {LOSSES}")
     x = np.asarray(masks, np.float64)
-    x = x - x.mean(0)
     y = np.asarray(log_p, np.float64)
-    y = y - y.mean()
     live = np.flatnonzero(x.std(0) > 0)
+    rows = np.ones(len(y))
+    for _ in range(ROUNDS if loss == "huber" else 1):
+        weights, residuals = _weighted(x, y, rows, live, prior, strength)
+        scale = 1.4826 * np.median(np.abs(residuals - np.median(residuals)))  # (the residuals' MAD, as a deviation)
+        if loss != "huber" or not scale > 0:
+            break
+        updated = np.minimum(1.0, HUBER * scale / np.maximum(np.abs(residuals), np.finfo(float).tiny))
+        if np.allclose(updated, rows, rtol=0, atol=1e-9):
+            break
+        rows = updated
+    return weights
+
+
+def _weighted(x: np.ndarray, y: np.ndarray, rows: np.ndarray, live: np.ndarray, prior: np.ndarray | None,
+              strength: float) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`fit`'s weighted least squares (each mask weighted by ``rows``, masks and outcomes centred on their
+    weighted means): (the sources' weights, each mask's residual)."""
+    share = rows / rows.sum()
+    x = x - share @ x
+    y = y - share @ y
+    root = np.sqrt(rows)[:, None]
     weights = np.zeros(x.shape[1])
     if prior is not None:
         prior = np.asarray(prior, np.float64)
-        along = x @ prior  # the outcome the prior predicts, up to its scale
-        design = np.column_stack([along, x[:, live]])
+        design = np.column_stack([x @ prior, x[:, live]])  # (the outcome the prior predicts, up to its scale)
         penalty = np.sqrt(strength) * np.eye(len(live) + 1)[1:]  # (the scale is not penalised)
-        found = np.linalg.lstsq(np.vstack([design, penalty]), np.concatenate([y, np.zeros(len(live))]), rcond=None)[0]
+        found = np.linalg.lstsq(np.vstack([design * root, penalty]),
+                                np.concatenate([y * root[:, 0], np.zeros(len(live))]), rcond=None)[0]
         weights = found[0] * prior
         weights[live] += found[1:]
-        return weights
-    if len(live):
+    elif len(live):
         xl = x[:, live]
-        weights[live] = np.linalg.solve(xl.T @ xl + RIDGE * np.eye(len(live)), xl.T @ y)
-    return weights
+        weights[live] = np.linalg.solve(xl.T @ (xl * rows[:, None]) + RIDGE * np.eye(len(live)), xl.T @ (rows * y))
+    return weights, y - x @ weights
 
 
 def coarse(sources: list[list[int]], count: int) -> list[list[int]]:
@@ -267,7 +293,8 @@ def budgeted(ctx: ResponseContext) -> ResponseRows:
         sources, ctx.prompt_length, n, budget, ctx.options["seed"], cut, costs, per_pass, spent=prior_cost + kept)
     keeps = np.vstack([np.ones((1, len(sources)), bool), masks])
     log_p, _, logits = outcomes(ctx, sources, keeps, "budgeted", shared_prefix=whole if cut else False)
-    weights = surrogate(keeps, log_p.sum(1), prior)  # the whole pass's outcome too: a mask that keeps every source
+    loss = ctx.options["loss"]
+    weights = surrogate(keeps, log_p.sum(1), prior, loss=loss)  # the whole pass's outcome too: a mask keeping all
     spent = prior_cost + float(mask_costs(sources, masks, ctx.prompt_length, n, cut, costs, per_pass).sum())
     settings |= {"masks": len(masks), "shared_prefix": cut, "design": keeps.astype(int).tolist(),
                  "outcomes": log_p.sum(1).tolist(),
@@ -278,7 +305,7 @@ def budgeted(ctx: ResponseContext) -> ResponseRows:
                                        paid),
         lambda units, unit_keeps: outcomes(ctx, units, unit_keeps, "budgeted, sentences",
                                            shared_prefix=whole if cut else False)[0].sum(1),
-        lambda unit_keeps, found: surrogate(unit_keeps, found))
+        lambda unit_keeps, found: surrogate(unit_keeps, found, loss=loss))
     if refined is not None:
         sources, weights = refined.sources, refined.weights
         spent += float(mask_costs(refined.units, refined.masks, ctx.prompt_length, n, cut, costs, per_pass).sum())
@@ -299,8 +326,8 @@ def _check_budget(options: dict) -> dict:
 register_method(Method(
     "budgeted", _refuse,
     "ContextCite within a budget: one pass with its cache kept, then as many designed source masks as the budget "
-    "(in forward passes) pays for, each run from its first removed source on, and a ridge surrogate of the "
-    "response's log-probability (towards a one-pass prior, or over groups of adjacent sources, where the masks "
+    "(in forward passes) pays for, each run from its first removed source on, and a robust (Huber) ridge surrogate of "
+    "the response's log-probability (towards a one-pass prior, or over groups of adjacent sources, where the masks "
     "cannot tell the sources apart); a source's score is its weight",
     display="Budgeted ablations", response=budgeted,
     options=[SOURCES_OPTION,
@@ -316,6 +343,9 @@ register_method(Method(
              Option("finer", "none", "sentences: score the sources (passages) with half of the budget after the "
                     "whole pass, then the sentences of the two that weigh most with the rest (AttriBoT's hierarchy); "
                     "none", str, choices=finer.FINER),
+             Option("loss", "huber", "the surrogate's fit: huber (a mask far off the linear surrogate counts as if "
+                    "it lay at Huber's corner, 1.345 robust deviations; chosen on training contexts), squares (least "
+                    "squares)", str, choices=LOSSES),
              Option("seed", 0, "designs drawn from seed * 8 on", int), BATCH_OPTION],
     cost=lambda tokens, targets, options: budget_value(options["budget"]),
     **{**COMMON, "check_options": _check_budget}))
