@@ -3,7 +3,7 @@
 
 A ``budgeted`` run keeps, per context, the masks it ran (``design``) and the response's log-probability under each
 (``outcomes``). Each is refitted (:func:`normx.methods.ablation.budgeted.surrogate`, no prior) with least squares and
-with Huber's loss at a grid of corners (``budgeted.HUBER``, in robust standard deviations of the residuals), and
+with Huber's loss at a grid of corners (``corner``, in robust standard deviations of the residuals), and
 scored by LDS against the context's 32 real removals (``truth``). LDS ranks the masks' outcomes, so a few masks far
 off a linear surrogate (a removal that changes the answer) can tilt a least-squares fit away from the order of all the
 others. The runs read are those without a prior whose design has a column per source of the context (the fit's
@@ -40,21 +40,16 @@ def main(argv: list[str] | None = None) -> int:
         return args.spec in spec and not found.get("prior_scores")
 
     table: dict[str, dict[str, list[float]]] = {}
-    corner = budgeted.HUBER
-    try:
-        for run, found, masks, truth in recorded_runs(args.records, keep):
-            design, outcomes = np.array(found["design"], bool), np.array(found["outcomes"])
-            if design.shape[1] != masks.shape[1]:  # (the method's own sources, or groups: not the LDS's)
-                continue
-            row = table.setdefault(run, {})
-            row.setdefault("squares", []).append(
-                metrics.lds(budgeted.surrogate(design, outcomes, loss="squares"), masks, truth))
-            for value in CORNERS:
-                budgeted.HUBER = value
-                row.setdefault(f"huber {value}", []).append(
-                    metrics.lds(budgeted.surrogate(design, outcomes, loss="huber"), masks, truth))
-    finally:
-        budgeted.HUBER = corner
+    for run, found, masks, truth in recorded_runs(args.records, keep):
+        design, outcomes = np.array(found["design"], bool), np.array(found["outcomes"])
+        if design.shape[1] != masks.shape[1]:  # (the method's own sources, or groups: not the LDS's)
+            continue
+        row = table.setdefault(run, {})
+        row.setdefault("squares", []).append(
+            metrics.lds(budgeted.surrogate(design, outcomes, loss="squares"), masks, truth))
+        for corner in CORNERS:
+            row.setdefault(f"huber {corner}", []).append(
+                metrics.lds(budgeted.surrogate(design, outcomes, corner=corner), masks, truth))
     pooled: dict[str, list[float]] = {}
     for row in table.values():
         for key, values in row.items():

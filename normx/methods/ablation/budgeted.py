@@ -100,7 +100,7 @@ def budget_value(budget) -> float:
 
 
 def surrogate(masks: np.ndarray, log_p: np.ndarray, prior: np.ndarray | None = None,
-              strength: float = PRIOR_RIDGE, loss: str = "huber") -> np.ndarray:
+              strength: float = PRIOR_RIDGE, loss: str = "huber", corner: float = HUBER) -> np.ndarray:
     """The sources' weights from the masks' outcomes ``log_p`` (the response's log-probability under each): the
     linear surrogate (:func:`fit`) of log(-log p), the log of the response's negative log-likelihood, on which a
     source that multiplies the likelihood's loss adds a constant (chosen on training contexts over fitting log p
@@ -109,17 +109,17 @@ def surrogate(masks: np.ndarray, log_p: np.ndarray, prior: np.ndarray | None = N
     nll = np.maximum(-np.asarray(log_p, np.float64), TINY_NLL)
     whole = np.asarray(masks, bool).all(1)
     anchor = nll[whole][0] if whole.any() else float(np.exp(np.log(nll).mean()))
-    return anchor * fit(masks, -np.log(nll), prior, strength, loss)
+    return anchor * fit(masks, -np.log(nll), prior, strength, loss, corner)
 
 
 def fit(masks: np.ndarray, log_p: np.ndarray, prior: np.ndarray | None = None,
-        strength: float = PRIOR_RIDGE, loss: str = "huber") -> np.ndarray:
+        strength: float = PRIOR_RIDGE, loss: str = "huber", corner: float = HUBER) -> np.ndarray:
     """Each source's weight in a surrogate of the response's log-probability (``log_p`` [masks]) linear in the masks.
     Without a ``prior``: a small ridge :data:`RIDGE` for designs cut short; a source kept or removed in every mask
     weighs 0. With one (a score per source): the weights are ``c * prior + d``, the scale ``c`` fitted freely and ``d``
     shrunk towards 0 by ``strength`` (a ridge towards the scaled prior), so the masks correct the prior where they vary
     the sources and a source no mask varied keeps ``c`` times its prior. ``loss``: ``"huber"`` (Huber's loss,
-    iteratively reweighted: a mask whose outcome lies more than :data:`HUBER` robust standard deviations off the fit
+    iteratively reweighted: a mask whose outcome lies more than ``corner`` robust standard deviations off the fit
     counts as if it lay there, so that a few masks far off a linear surrogate do not tilt the order it gives every
     other mask; chosen on training contexts, docs/context.md) or ``"squares"`` (least squares)."""
     if loss not in LOSSES:
@@ -133,7 +133,7 @@ def fit(masks: np.ndarray, log_p: np.ndarray, prior: np.ndarray | None = None,
         scale = 1.4826 * np.median(np.abs(residuals - np.median(residuals)))  # (the residuals' MAD, as a deviation)
         if loss != "huber" or not scale > 0:
             break
-        updated = np.minimum(1.0, HUBER * scale / np.maximum(np.abs(residuals), np.finfo(float).tiny))
+        updated = np.minimum(1.0, corner * scale / np.maximum(np.abs(residuals), np.finfo(float).tiny))
         if np.allclose(updated, rows, rtol=0, atol=1e-9):
             break
         rows = updated
