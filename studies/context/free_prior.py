@@ -12,6 +12,9 @@ prompt's sentences were its sources; marked so). Each is scored by LDS against t
 over every context and over those whose design is near saturation (at most :data:`NEAR` masks more than sources).
 
     python -m studies.context.free_prior --records FILE [FILE ...] --out FILE.json
+
+The fits are least squares (``loss="squares"``), as when this study was run and recorded; ``budgeted`` fits
+with Huber's loss since :mod:`studies.context.surrogate_loss`.
 """
 
 from __future__ import annotations
@@ -61,8 +64,8 @@ def main(argv: list[str] | None = None) -> int:
         for context, sources, design, outcomes, prior, where in pairs([r for r in records if r["id"] in truths]):
             masks = metrics.lds_masks(sources, len(truths[context]), 0)
             lds = {name: metrics.lds(scores, masks, truths[context]) for name, scores in (
-                ("masks only", surrogate(design, outcomes)), ("prior only", prior),
-                ("masks and the prior", surrogate(design, outcomes, prior)))}
+                ("masks only", surrogate(design, outcomes, loss="squares")), ("prior only", prior),
+                ("masks and the prior", surrogate(design, outcomes, prior, loss="squares")))}
             rows.append({"file": file.name, "id": context, "sources": sources, "masks": len(design) - 1,
                          "prior from": where, **lds})
     pooled = {}

@@ -7,6 +7,9 @@ the prior's score of each source (``prior_scores``); the fit is refitted at each
 Only runs on the check's own sources (``sources=given``) are read, so that the fit's sources are the LDS's.
 
     python -m studies.context.prior_strength --records FILE [FILE ...] --out FILE.json
+
+The fits are least squares (``loss="squares"``), as when this study was run and recorded; ``budgeted`` fits
+with Huber's loss since :mod:`studies.context.surrogate_loss`.
 """
 
 from __future__ import annotations
@@ -39,8 +42,9 @@ def main(argv: list[str] | None = None) -> int:
         prior = np.array(found["prior_scores"])
         row = table.setdefault(run, {})
         for strength in GRID:
-            row.setdefault(str(strength), []).append(metrics.lds(fit(design, outcomes, prior, strength), masks, truth))
-        row.setdefault("masks only", []).append(metrics.lds(fit(design, outcomes), masks, truth))
+            fitted = fit(design, outcomes, prior, strength, loss="squares")
+            row.setdefault(str(strength), []).append(metrics.lds(fitted, masks, truth))
+        row.setdefault("masks only", []).append(metrics.lds(fit(design, outcomes, loss="squares"), masks, truth))
         row.setdefault("prior only", []).append(metrics.lds(prior, masks, truth))
     summary = {run: {key: {"mean": float(np.mean(v)), "contexts": len(v)} for key, v in row.items()}
                for run, row in table.items()}

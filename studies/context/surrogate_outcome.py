@@ -10,6 +10,9 @@ transforms: the log-probability itself (``log p``), the log of the negative log-
 that multiplies the loss adds a constant), its square root, the outcomes' ranks, and exp(log p / |median log p|).
 
     python -m studies.context.surrogate_outcome --records FILE [FILE ...] [--spec SPEC] --out FILE.json
+
+The fits are least squares (``loss="squares"``), as when this study was run and recorded; ``budgeted`` fits
+with Huber's loss since :mod:`studies.context.surrogate_loss`.
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         design, outcomes = np.array(found["design"], bool), np.array(found["outcomes"])
         row = table.setdefault(run, {})
         for name, transform in transforms().items():
-            row.setdefault(name, []).append(metrics.lds(fit(design, transform(outcomes)), masks, truth))
+            row.setdefault(name, []).append(metrics.lds(fit(design, transform(outcomes), loss="squares"), masks, truth))
     pooled: dict[str, list[float]] = {}
     for row in table.values():
         for key, values in row.items():
