@@ -18,7 +18,8 @@ import argparse
 import json
 from pathlib import Path
 
-from studies.context.recorded import recorded_runs
+from studies.context.recorded import pooled as pooled_by_key
+from studies.context.recorded import recorded_runs, run_means
 
 GRID = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0)
 
@@ -46,12 +47,8 @@ def main(argv: list[str] | None = None) -> int:
             row.setdefault(str(strength), []).append(metrics.lds(fitted, masks, truth))
         row.setdefault("masks only", []).append(metrics.lds(fit(design, outcomes, loss="squares"), masks, truth))
         row.setdefault("prior only", []).append(metrics.lds(prior, masks, truth))
-    summary = {run: {key: {"mean": float(np.mean(v)), "contexts": len(v)} for key, v in row.items()}
-               for run, row in table.items()}
-    pooled: dict[str, list[float]] = {}
-    for row in table.values():
-        for key, values in row.items():
-            pooled.setdefault(key, []).extend(values)
+    summary = run_means(table)
+    pooled = pooled_by_key(table)
     means = {key: float(np.mean(v)) for key, v in pooled.items()}
     best = max((key for key in means if key not in ("masks only", "prior only")), key=lambda k: means[k])
     args.out.write_text(json.dumps({"runs": summary, "pooled": means, "chosen": float(best)}, indent=1) + "\n",

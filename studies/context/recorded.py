@@ -1,5 +1,6 @@
 """The recorded ``budgeted`` runs of :mod:`studies.context.budget`'s JSON lines, for the studies that refit them
-without running the model again (:mod:`studies.context.prior_strength`, :mod:`studies.context.surrogate_outcome`)."""
+without running the model again (:mod:`studies.context.prior_strength`, :mod:`studies.context.surrogate_outcome`,
+:mod:`studies.context.surrogate_loss`), and their tables pooled."""
 
 from __future__ import annotations
 
@@ -26,3 +27,20 @@ def recorded_runs(files: list[Path], keep: Callable[[str, dict], bool]) -> Itera
             for spec, found in record["methods"].items():
                 if found.get("design") and keep(spec, found):
                     yield f"{file.name}: {spec}", found, masks, truth
+
+
+def pooled(table: dict[str, dict[str, list[float]]]) -> dict[str, list[float]]:
+    """Every run's values of ``table`` (run -> key -> LDS per context) pooled by key, in the runs' order."""
+    found: dict[str, list[float]] = {}
+    for row in table.values():
+        for key, values in row.items():
+            found.setdefault(key, []).extend(values)
+    return found
+
+
+def run_means(table: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, dict]]:
+    """Each run's mean LDS and number of contexts, per key of ``table``."""
+    import numpy as np
+
+    return {run: {key: {"mean": float(np.mean(v)), "contexts": len(v)} for key, v in row.items()}
+            for run, row in table.items()}

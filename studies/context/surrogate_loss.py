@@ -18,7 +18,8 @@ import argparse
 import json
 from pathlib import Path
 
-from studies.context.recorded import recorded_runs
+from studies.context.recorded import pooled as pooled_by_key
+from studies.context.recorded import recorded_runs, run_means
 
 CORNERS = (0.5, 1.0, 1.345, 2.0, 3.0)
 
@@ -50,13 +51,9 @@ def main(argv: list[str] | None = None) -> int:
         for corner in CORNERS:
             row.setdefault(f"huber {corner}", []).append(
                 metrics.lds(budgeted.surrogate(design, outcomes, corner=corner), masks, truth))
-    pooled: dict[str, list[float]] = {}
-    for row in table.values():
-        for key, values in row.items():
-            pooled.setdefault(key, []).extend(values)
+    pooled = pooled_by_key(table)
     means = {key: float(np.mean(values)) for key, values in pooled.items()}
-    summary = {run: {key: {"mean": float(np.mean(v)), "contexts": len(v)} for key, v in row.items()}
-               for run, row in table.items()}
+    summary = run_means(table)
     best = max(means, key=means.get) if means else None
     args.out.write_text(json.dumps({"runs": summary, "pooled": means, "chosen": best}, indent=1) + "\n",
                         encoding="utf-8")

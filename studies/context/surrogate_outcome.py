@@ -21,6 +21,7 @@ import argparse
 import json
 from pathlib import Path
 
+from studies.context.recorded import pooled as pooled_by_key
 from studies.context.recorded import recorded_runs
 
 
@@ -55,10 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         row = table.setdefault(run, {})
         for name, transform in transforms().items():
             row.setdefault(name, []).append(metrics.lds(fit(design, transform(outcomes), loss="squares"), masks, truth))
-    pooled: dict[str, list[float]] = {}
-    for row in table.values():
-        for key, values in row.items():
-            pooled.setdefault(key, []).extend(values)
+    pooled = pooled_by_key(table)
     base = np.array(pooled["log p"])
     summary = {key: {"mean": float(np.mean(v)), "paired": float(np.mean(np.array(v) - base)),
                      "paired_se": float(np.std(np.array(v) - base, ddof=1) / np.sqrt(len(v))) if len(v) > 1 else 0.0,
