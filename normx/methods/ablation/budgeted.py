@@ -48,7 +48,7 @@ from normx.methods.ablation.forwards import outcomes
 from normx.methods.ablation.planning import (
     SPEND,
     Costs,
-    mask_costs,
+    masks_cost,
     plan_masks,
     shared_prior_cost,
     whole_cost,
@@ -223,8 +223,8 @@ def _prior(ctx: ResponseContext, sources: list[list[int]], costs: Costs, per_pas
     budget = budget_value(ctx.options["budget"])
     least = plan_masks(sources, ctx.prompt_length, n, budget, ctx.options["seed"], True, costs, per_pass,
                        spent=cost)  # (on a cut cache: the least the masks can cost)
-    after = SPEND * budget >= cost + whole_cost(ctx.prompt_length, n, costs) + float(
-        mask_costs(sources, least, ctx.prompt_length, n, True, costs, per_pass).sum())
+    after = SPEND * budget >= cost + whole_cost(ctx.prompt_length, n, costs) + masks_cost(
+        sources, least, ctx.prompt_length, n, True, costs, per_pass)
     if ctx.options["prior"] == "auto" and after:
         return "none", 0.0, True, False
     return NAME, cost, after, shareable
@@ -295,7 +295,7 @@ def budgeted(ctx: ResponseContext) -> ResponseRows:
     log_p, _, logits = outcomes(ctx, sources, keeps, "budgeted", shared_prefix=whole if cut else False)
     loss = ctx.options["loss"]
     weights = surrogate(keeps, log_p.sum(1), prior, loss=loss)  # the whole pass's outcome too: a mask keeping all
-    spent = prior_cost + float(mask_costs(sources, masks, ctx.prompt_length, n, cut, costs, per_pass).sum())
+    spent = prior_cost + masks_cost(sources, masks, ctx.prompt_length, n, cut, costs, per_pass)
     settings |= {"masks": len(masks), "shared_prefix": cut, "design": keeps.astype(int).tolist(),
                  "outcomes": log_p.sum(1).tolist(),
                  "rows": "the response's surrogate weights, each split evenly over the steps and over its tokens"}
@@ -308,7 +308,7 @@ def budgeted(ctx: ResponseContext) -> ResponseRows:
         lambda unit_keeps, found: surrogate(unit_keeps, found, loss=loss))
     if refined is not None:
         sources, weights = refined.sources, refined.weights
-        spent += float(mask_costs(refined.units, refined.masks, ctx.prompt_length, n, cut, costs, per_pass).sum())
+        spent += masks_cost(refined.units, refined.masks, ctx.prompt_length, n, cut, costs, per_pass)
         settings["refined"] = refined.settings
     spent += whole_cost(ctx.prompt_length, n, costs)
     settings["passes"] = round(spent, 3)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from normx.methods.ablation import MIN_ABLATIONS, designs
+from normx.methods.ablation import MIN_ABLATIONS, designs, stems
 from normx.methods.ablation.prefix import CALL_ROWS, WINDOW
 
 # the share of the budget the plan spends on the work it counts: on SmolLM2 on this CPU the calls ran 0.9-1.15x the
@@ -83,6 +83,35 @@ def mask_costs(sources: list[list[int]], masks: np.ndarray, prompt_length: int, 
     return out
 
 
+def masks_cost(sources: list[list[int]], masks: np.ndarray, prompt_length: int, steps: int, shared: bool,
+               costs: Costs, per_pass: int = 1) -> float:
+    """What the masks cost together in plain forward passes: on a cut cache (``shared``) the stretches several of
+    them read alike after their first removed token run once, in a pass of their own, and each mask only what
+    follows its stem (:func:`normx.methods.ablation.stems.stems`, as
+    :func:`normx.methods.ablation.prefix.response_hidden` runs them); else each mask alone (:func:`mask_costs`)."""
+    alone = mask_costs(sources, masks, prompt_length, steps, shared, costs, per_pass)
+    if not shared:
+        return float(alone.sum())
+    found = [run for run in stems.runs(sources, masks, prompt_length) if run.start or len(run.kept)]
+    chosen = stems.stems(found, CALL_ROWS / per_pass, CALL_ROWS)
+    if not chosen:
+        return float(alone.sum())
+    plain = costs.plain(prompt_length + steps)
+    total = -(-len(chosen) // per_pass) * CALL_ROWS * costs.body  # (the stems' own passes)
+    cut = {}
+    for stem in chosen:
+        total += costs.continued(stem.start, len(stem.kept))
+        cut |= dict.fromkeys(stem.members, len(stem.kept))
+    for i, run in enumerate(found):
+        if i in cut:
+            begin, count = run.start + cut[i], len(run.kept) - cut[i] + steps
+            total += costs.continued(begin, count) + steps * costs.head + -(-count // WINDOW) * CALL_ROWS / per_pass \
+                * costs.body
+        else:
+            total += alone[run.mask] * plain
+    return total / plain
+
+
 def plan_masks(sources: list[list[int]], prompt_length: int, steps: int, budget: float, seed: int, shared: bool,
                costs: Costs, per_pass: int = 1, spent: float = 0.0) -> np.ndarray:
     """The masks :data:`SPEND` of the budget buys after the whole pass (at least :data:`MIN_ABLATIONS`): resolution IV
@@ -91,8 +120,9 @@ def plan_masks(sources: list[list[int]], prompt_length: int, steps: int, budget:
     on the training contexts
     (docs/context.md) a whole fold-over beat the screening design and its complements at 15-16 masks, and lost to it
     below. Of :data:`CANDIDATES` equally good designs (seeds ``seed * CANDIDATES`` on), the one whose masks' costs
-    buy the most: which sources a design removes first decides what its masks cost. ``spent``: passes the budget
-    has paid for already (a prior's reading)."""
+    buy the most: which sources a design removes first decides what its masks cost. The masks are counted alone,
+    then together (:func:`masks_cost`: their shared stems run once) as long as one more fits. ``spent``: passes the
+    budget has paid for already (a prior's reading)."""
     left = SPEND * budget - spent - whole_cost(prompt_length, steps, costs)
 
     def affordable(kind: str, limit: int, drawn: int) -> int:
@@ -101,9 +131,19 @@ def plan_masks(sources: list[list[int]], prompt_length: int, steps: int, budget:
             block = designs.masks(len(sources), min(count + 64, limit), drawn, kind)[count:]
             for cost in mask_costs(sources, block, prompt_length, steps, shared, costs, per_pass):
                 if count >= MIN_ABLATIONS and spent + cost > left:
-                    return count
+                    return grown(kind, limit, drawn, count)
                 spent += cost
                 count += 1
+        return count
+
+    def grown(kind: str, limit: int, drawn: int, count: int) -> int:
+        """The masks that fit counted together, from the ``count`` that fit alone (stems only save)."""
+        def fits(k: int) -> bool:
+            return masks_cost(sources, designs.masks(len(sources), k, drawn, kind), prompt_length, steps, shared,
+                              costs, per_pass) <= left
+
+        while shared and count < limit and fits(count + 1):
+            count += 1
         return count
 
     candidates = range(seed * CANDIDATES, (seed + 1) * CANDIDATES)

@@ -20,6 +20,7 @@ from normx._torch import torch
 from normx.core.batch import id_tensor
 from normx.core.hooks import hooked, output_tensor
 from normx.core.verdicts import Verdicts
+from normx.methods.ablation.stems import runs, stems
 from normx.methods.response import ResponseContext
 
 # what one more forward pass costs beside its rows, in rows: a 2-core CPU reads a 135M model's weights in about as
@@ -91,13 +92,17 @@ class Prefix:
             raise ValueError("this pass kept no value vectors: make it with values= the method that reads them")
         return {layer: vectors[:row] for layer, vectors in self.values.items()}
 
-    def continue_from(self, starts: list[int], rows: list[list[int]]) -> torch.Tensor:
+    def continue_from(self, starts: list[int], rows: list[list[int]], grafts: list | None = None,
+                      keep: bool = False):
         """The last hidden states [B, W, H] of ``rows`` (token ids; row r the tokens after the whole sequence's first
         ``starts[r]``), each read after its own prefix from the cache, right-padded to the longest row: one forward
         pass, or one per :data:`WINDOW` of the rows' tokens, each continuing the cache the one before it left. The
         cache is cut at the largest start; a row with a smaller one is kept from the cached keys past its own start
         by its attention mask (additive, in the model's dtype, so eager and SDPA attention read it alike), and its
-        positions continue from its start."""
+        positions continue from its start. ``grafts[r]`` (a :meth:`continue_from` ``keep`` of another row: its
+        first token's position and its keys / values per layer) puts that row's keys after the whole pass's cut at
+        its first position: row r then starts where the graft ends. ``keep``: also each row's own keys and values,
+        ``(start, [(keys [1, kv heads, len, d], values) per layer])``, to graft other rows on."""
         from transformers.cache_utils import DynamicCache
 
         ctx = self.ctx
@@ -110,9 +115,7 @@ class Prefix:
         begin = torch.tensor(starts, device=device)
         positions = begin[:, None] + torch.arange(width, device=device)[None]
         before = torch.arange(cut, device=device)[None] < begin[:, None]  # [B, cut]: the cached keys a row reads
-        cache = DynamicCache(ddp_cache_data=[
-            (k[:, :, :cut].expand(count, -1, -1, -1).contiguous(), v[:, :, :cut].expand(count, -1, -1, -1)
-             .contiguous()) for k, v in self.layers]) if cut else None
+        cache = DynamicCache(ddp_cache_data=_cut_cache(self.layers, starts, grafts, cut)) if cut else None
         kwargs = {k: v for k, v in ctx.adapter.forward_kwargs.items() if k != "use_cache"}
         backbone = ctx.model.base_model
         found = []
@@ -129,7 +132,38 @@ class Prefix:
                                **_cache_argument(backbone, cache), **kwargs)
                 cache = _returned_cache(out) if cache is None else cache
                 found.append(output_tensor(out))
-        return found[0] if len(found) == 1 else torch.cat(found, dim=1)
+        hidden = found[0] if len(found) == 1 else torch.cat(found, dim=1)
+        if not keep:
+            return hidden
+        layers = plain_layers(cache)
+        if layers is None:
+            raise ValueError("the model returned a cache that is not plain per-layer keys and values")
+        kept = [(start, [(k[r:r + 1, :, cut:cut + len(row)].clone(), v[r:r + 1, :, cut:cut + len(row)].clone())
+                         for k, v in layers]) for r, (start, row) in enumerate(zip(starts, rows))]  # (copies: the
+        # pass's cache of every row is let go)
+        return hidden, kept
+
+
+def _cut_cache(layers, starts: list[int], grafts: list | None, cut: int) -> list:
+    """Each layer's (keys, values) [rows, kv heads, cut, d]: the whole pass's cache cut at ``cut`` for every row, or
+    where row r has a graft (its keys from its first position ``at`` on), the whole pass's first ``at`` and then the
+    graft's (past ``starts[r]`` nothing a row reads: its attention mask keeps it out)."""
+    count = len(starts)
+    if not grafts or all(g is None for g in grafts):
+        return [(k[:, :, :cut].expand(count, -1, -1, -1).contiguous(),
+                 v[:, :, :cut].expand(count, -1, -1, -1).contiguous()) for k, v in layers]
+    out = []
+    for layer, (k, v) in enumerate(layers):
+        keys = k[:, :, :cut].expand(count, -1, -1, -1).clone()
+        values = v[:, :, :cut].expand(count, -1, -1, -1).clone()
+        for r, graft in enumerate(grafts):
+            if graft is not None:
+                at, grafted = graft
+                gk, gv = grafted[layer]
+                keys[r:r + 1, :, at:at + gk.shape[2]] = gk
+                values[r:r + 1, :, at:at + gv.shape[2]] = gv
+        out.append((keys, values))
+    return out
 
 
 def pass_rows(ctx: ResponseContext) -> int:
@@ -167,36 +201,43 @@ def response_hidden(prefix: Prefix, sources: list[list[int]], keeps: np.ndarray,
                     progress=None) -> tuple[list[torch.Tensor | None], list[int]]:
     """Each mask's hidden states [n, H] at the positions that predict the response tokens, read from ``prefix``;
     None for a mask that removes every prompt token from its first removed one on with nothing before it (its
-    sequence starts anew: whole passes read it). Also each mask's tokens run (its cost)."""
+    sequence starts anew: whole passes read it). The stretches several masks read alike after their first removed
+    token run once first (:func:`~normx.methods.ablation.stems.stems`), and those masks continue from them. Also the
+    tokens run for each mask (a stem's counted with its first mask)."""
     ctx = prefix.ctx
     n, length = ctx.steps, ctx.prompt_length
-    ids = ctx.ids
-    response = ids[length:]
-    kept = np.ones(length, bool)
+    ids = np.asarray(ctx.ids)
+    response = list(ctx.ids[length:])
+    keeps = np.asarray(keeps, bool)
     out: list[torch.Tensor | None] = [None] * len(keeps)
     tokens = [0] * len(keeps)
-    runs: list[tuple[int, int, list[int]]] = []  # (mask, start, row)
-    for m, keep in enumerate(np.asarray(keeps, bool)):
-        kept[:] = True
-        for members, on in zip(sources, keep):
-            if not on:
-                kept[members] = False
-        if kept.all():
-            out[m] = prefix.hidden[length - 1:length - 1 + n]
-            continue
-        start = int(np.argmin(kept))  # the first removed token
-        rest = [ids[i] for i in np.flatnonzero(kept[start:]) + start]
-        if start == 0 and not rest:
-            continue
-        runs.append((m, start, rest + response))
-        tokens[m] = len(rest) + n
-    for chunk in chunks(runs, per_pass):
-        hidden = prefix.continue_from([start for _, start, _ in chunk], [row for _, _, row in chunk])
-        for r, (m, start, row) in enumerate(chunk):
+    every = runs(sources, keeps, length)
+    for m in set(range(len(keeps))) - {run.mask for run in every}:
+        out[m] = prefix.hidden[length - 1:length - 1 + n]  # (a mask that removes no token)
+    found = [run for run in every if run.start or len(run.kept)]
+    grafts: dict[int, tuple] = {}  # run -> (its stem's keys, the stem's length, the stem's last hidden state)
+    shared = stems(found, CALL_ROWS / per_pass, CALL_ROWS)
+    for chunk in chunks([(stem, stem.start, ids[stem.kept].tolist()) for stem in shared], per_pass):
+        hidden, kept = prefix.continue_from([start for _, start, _ in chunk], [row for _, _, row in chunk], keep=True)
+        for r, (stem, _, row) in enumerate(chunk):
+            tokens[found[stem.members[0]].mask] += len(row)
+            for i in stem.members:
+                grafts[i] = (kept[r], len(row), hidden[r, len(row) - 1:len(row)])
+    leaves = []  # (mask, start, graft, row)
+    for i, run in enumerate(found):
+        graft = grafts.get(i)
+        skip = 0 if graft is None else graft[1]
+        row = ids[run.kept[skip:]].tolist() + response
+        leaves.append((run.mask, run.start + skip, graft, row))
+        tokens[run.mask] += len(row)
+    for chunk in chunks(leaves, per_pass):
+        hidden = prefix.continue_from([start for _, start, _, _ in chunk], [row for *_, row in chunk],
+                                      [None if graft is None else graft[0] for _, _, graft, _ in chunk])
+        for r, (m, start, graft, row) in enumerate(chunk):
             last = len(row) - 1  # the position of the last response token, which predicts nothing
             rows = hidden[r, max(last - n, 0):last]
-            if last - n < 0:  # the first response token is predicted from the unchanged prefix's last token
-                rows = torch.cat([prefix.hidden[start - 1:start], rows])
+            if last - n < 0:  # the first response token is predicted from the token before the row (its stem's)
+                rows = torch.cat([prefix.hidden[start - 1:start] if graft is None else graft[2], rows])
             out[m] = rows
         if progress is not None:
             progress(len(chunk))
