@@ -1,8 +1,8 @@
 """The records of several ``studies.context.budget`` runs read together (resumable runs over further contexts of the
 same layout write files of their own): per method, LDS mean ± standard error over the contexts where both it and the
 reference ran, its difference from the reference paired by context, its cost (× a plain forward: median, range, how
-many contexts above 6×) and, for a method that plans its passes (``budgeted``), the passes it planned and the measured
-cost over them.
+many contexts above 6×) and, for a method that plans its passes (``budgeted``), the passes it planned, the measured
+cost over them and the masks it bought.
 
     python -m studies.context.pooled docs/results/context-budgeted/passages.jsonl \\
         docs/results/context-budgeted/passages-6.jsonl docs/results/context-budgeted/passages-12.jsonl \\
@@ -41,6 +41,8 @@ def pooled(records: list[dict], methods: list[str], reference: str) -> list[dict
                      "over_6_first_calls": sum(m[method]["cost"] > 6 and bool(m[method].get("first_call"))
                                                for m in both),
                      "planned_median": float(np.median(planned)) if plans else None,
+                     "masks_mean": float(np.mean([m["masks"] for m in plans])) if plans and all(
+                         "masks" in m for m in plans) else None,
                      "measured_over_planned": float(np.median(over_plan)) if plans else None})
     return rows
 
@@ -48,14 +50,16 @@ def pooled(records: list[dict], methods: list[str], reference: str) -> list[dict
 def table(rows: list[dict], reference: str) -> str:
     lines = [f"| method | contexts | LDS | paired with `{reference}` | cost (× a forward, median, range) | over 6× "
              "(first calls) | "
-             "planned passes (median) | measured / planned (median) |", "|---|---|---|---|---|---|---|---|"]
+             "planned passes (median) | measured / planned (median) | masks (mean) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         paired = "—" if row["method"] == reference else f"{row['paired']:+.3f} ± {row['paired_se']:.3f}"
         lines.append(f"| `{row['method']}` | {row['contexts']} | {row['lds']:.3f} ± {row['lds_se']:.3f} | {paired} | "
                      f"{row['cost_median']:.1f} ({row['cost_min']:.1f}–{row['cost_max']:.1f}) | {row['over_6']} "
                      f"({row['over_6_first_calls']}) | "
                      + ("— | — |" if row["planned_median"] is None else
-                        f"{row['planned_median']:.2f} | {row['measured_over_planned']:.2f} |"))
+                        f"{row['planned_median']:.2f} | {row['measured_over_planned']:.2f} |")
+                     + (" — |" if row.get("masks_mean") is None else f" {row['masks_mean']:.1f} |"))
     return "\n".join(lines) + "\n"
 
 

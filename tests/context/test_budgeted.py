@@ -329,8 +329,8 @@ def test_the_finer_stage_scores_the_sentences_of_the_passages_that_weigh_most(ll
     assert all(any(set(u) <= set(passages[j]) for j in top) for u in units)
     masks = planning.plan_masks(
         units, g.prompt_length, g.steps, 8.0, 0, True, planning.Costs.of(model), 8,
-        spent=float(planning.mask_costs(passages, np.array(settings["design"], bool)[1:], g.prompt_length, g.steps,
-                                        True, planning.Costs.of(model), 8).sum()))
+        spent=planning.masks_cost(passages, np.array(settings["design"], bool)[1:], g.prompt_length, g.steps, True,
+                                  planning.Costs.of(model), 8))
     keeps = np.vstack([np.ones((1, len(units)), bool), masks])
     assert len(masks) == found["masks"]
     by_hand = np.array([_by_hand(model, list(g.token_ids), g.prompt_length, units, m).sum() for m in keeps])

@@ -18,6 +18,7 @@ def _record(name: str, **lds_cost) -> dict:
 def test_pooled_pairs_by_context(tmp_path, capsys):
     first = [_record("a", ref=(0.8, 20.0), mine=(0.7, 5.0)), _record("b", ref=(0.6, 22.0), mine=(0.65, 7.0))]
     first[0]["methods"]["mine"]["passes"], first[1]["methods"]["mine"]["passes"] = 4.0, 5.0  # measured 1.25, 1.4
+    first[0]["methods"]["mine"]["masks"], first[1]["methods"]["mine"]["masks"] = 10, 13
     first[1]["methods"]["mine"]["first_call"] = True  # its 7.0 holds its process's first-use work
     second = [_record("c", ref=(0.9, 25.0), mine=(0.85, 5.5)), _record("d", mine=(0.1, 4.0))]  # d: no reference
     paths = []
@@ -33,13 +34,14 @@ def test_pooled_pairs_by_context(tmp_path, capsys):
     assert rows["mine"]["cost_median"] == 5.5 and rows["mine"]["over_6"] == 1
     assert rows["mine"]["over_6_first_calls"] == 1 and rows["ref"]["over_6_first_calls"] == 0
     assert rows["mine"]["planned_median"] == 4.5 and rows["mine"]["measured_over_planned"] == pytest.approx(1.325)
-    assert rows["ref"]["planned_median"] is None
+    assert rows["ref"]["planned_median"] is None and rows["ref"]["masks_mean"] is None
+    assert rows["mine"]["masks_mean"] == 11.5  # (of the runs that planned)
     assert rows["ref"]["lds"] == pytest.approx(np.mean([0.8, 0.6, 0.9]))
     out = tmp_path / "pooled.json"
     assert pooled.main([*map(str, paths), "--methods", "mine", "--reference", "ref", "--out", str(out)]) == 0
     assert json.loads(out.read_text())["rows"][1]["contexts"] == 3
     shown = capsys.readouterr().out
-    assert "| `mine` | 3 | 0.733 ± 0.060 | -0.033 ± 0.044 | 5.5 (5.0–7.0) | 1 (1) | 4.50 | 1.32 |" in shown
+    assert "| `mine` | 3 | 0.733 ± 0.060 | -0.033 ± 0.044 | 5.5 (5.0–7.0) | 1 (1) | 4.50 | 1.32 | 11.5 |" in shown
 
 
 def test_a_context_in_two_files_is_an_error(tmp_path):

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from normx.methods.ablation import MIN_ABLATIONS, designs, stems
-from normx.methods.ablation.prefix import CALL_ROWS, WINDOW
+from normx.methods.ablation.prefix import CALL_ROWS, WINDOW, chunks
 
 # the share of the budget the plan spends on the work it counts: on SmolLM2 on this CPU the calls ran 0.9-1.15x the
 # counted work (the masked attention, Python around the passes), so a budget of 6 is kept at about 6 measured
@@ -85,31 +85,32 @@ def mask_costs(sources: list[list[int]], masks: np.ndarray, prompt_length: int, 
 
 def masks_cost(sources: list[list[int]], masks: np.ndarray, prompt_length: int, steps: int, shared: bool,
                costs: Costs, per_pass: int = 1) -> float:
-    """What the masks cost together in plain forward passes: on a cut cache (``shared``) the stretches several of
-    them read alike after their first removed token run once, in a pass of their own, and each mask only what
-    follows its stem (:func:`normx.methods.ablation.stems.stems`, as
-    :func:`normx.methods.ablation.prefix.response_hidden` runs them); else each mask alone (:func:`mask_costs`)."""
+    """What the masks cost together in plain forward passes, as :func:`normx.methods.ablation.prefix.response_hidden`
+    runs them on a cut cache (``shared``): the stretches several of them read alike after their first removed token
+    once, in passes of their own (:func:`normx.methods.ablation.stems.stems`), then each mask what follows its stem;
+    each row its own tokens, its share of a pass's call and its attention as its pass reads it (every row of a pass
+    reads from the pass's largest cut to its longest row: :func:`normx.methods.ablation.prefix.chunks` makes the
+    passes); the head at each mask's response. Else (whole passes) each mask alone (:func:`mask_costs`)."""
     alone = mask_costs(sources, masks, prompt_length, steps, shared, costs, per_pass)
     if not shared:
         return float(alone.sum())
-    found = [run for run in stems.runs(sources, masks, prompt_length) if run.start or len(run.kept)]
+    every = stems.runs(sources, masks, prompt_length)
+    found = [run for run in every if run.start or len(run.kept)]
     chosen = stems.stems(found, CALL_ROWS / per_pass, CALL_ROWS)
-    if not chosen:
-        return float(alone.sum())
+    into = {i: len(stem.kept) for stem in chosen for i in stem.members}
     plain = costs.plain(prompt_length + steps)
-    total = -(-len(chosen) // per_pass) * CALL_ROWS * costs.body  # (the stems' own passes)
-    cut = {}
-    for stem in chosen:
-        total += costs.continued(stem.start, len(stem.kept))
-        cut |= dict.fromkeys(stem.members, len(stem.kept))
-    for i, run in enumerate(found):
-        if i in cut:
-            begin, count = run.start + cut[i], len(run.kept) - cut[i] + steps
-            total += costs.continued(begin, count) + steps * costs.head + -(-count // WINDOW) * CALL_ROWS / per_pass \
-                * costs.body
-        else:
-            total += alone[run.mask] * plain
-    return total / plain
+    work = sum(alone[run.mask] * plain for run in every if not (run.start or len(run.kept)))  # (run whole)
+    work += len(found) * steps * costs.head + -(-len(chosen) // per_pass) * CALL_ROWS * costs.body  # (stems' passes)
+    stem_rows = [(stem.start, range(len(stem.kept))) for stem in chosen]
+    leaf_rows = [(run.start + into.get(i, 0), range(len(run.kept) - into.get(i, 0) + steps))
+                 for i, run in enumerate(found)]
+    for rows, shares in ((stem_rows, 0.0), (leaf_rows, CALL_ROWS / per_pass)):
+        for chunk in chunks(rows, per_pass):
+            cut, width = max(begin for begin, _ in chunk), max(len(row) for _, row in chunk)
+            attention = costs.continued(cut, width) - width * costs.body  # (what each row of the pass reads)
+            for _, row in chunk:
+                work += len(row) * costs.body + attention + -(-len(row) // WINDOW) * shares * costs.body
+    return work / plain
 
 
 def plan_masks(sources: list[list[int]], prompt_length: int, steps: int, budget: float, seed: int, shared: bool,
@@ -121,7 +122,8 @@ def plan_masks(sources: list[list[int]], prompt_length: int, steps: int, budget:
     (docs/context.md) a whole fold-over beat the screening design and its complements at 15-16 masks, and lost to it
     below. Of :data:`CANDIDATES` equally good designs (seeds ``seed * CANDIDATES`` on), the one whose masks' costs
     buy the most: which sources a design removes first decides what its masks cost. The masks are counted alone,
-    then together (:func:`masks_cost`: their shared stems run once) as long as one more fits. ``spent``: passes the
+    then together (:func:`masks_cost`: their shared stems run once, each pass's attention as it reads it), one more or
+    one fewer until they fit. ``spent``: passes the
     budget has paid for already (a prior's reading)."""
     left = SPEND * budget - spent - whole_cost(prompt_length, steps, costs)
 
@@ -137,13 +139,17 @@ def plan_masks(sources: list[list[int]], prompt_length: int, steps: int, budget:
         return count
 
     def grown(kind: str, limit: int, drawn: int, count: int) -> int:
-        """The masks that fit counted together, from the ``count`` that fit alone (stems only save)."""
+        """The masks that fit counted together (:func:`masks_cost`), from the ``count`` that fit counted alone."""
         def fits(k: int) -> bool:
             return masks_cost(sources, designs.masks(len(sources), k, drawn, kind), prompt_length, steps, shared,
                               costs, per_pass) <= left
 
-        while shared and count < limit and fits(count + 1):
+        if not shared:
+            return count
+        while count < limit and fits(count + 1):
             count += 1
+        while count > MIN_ABLATIONS and not fits(count):
+            count -= 1
         return count
 
     candidates = range(seed * CANDIDATES, (seed + 1) * CANDIDATES)
