@@ -7,8 +7,9 @@ A mask's *run* is its first removed token and the positions of the prompt tokens
 (:func:`runs`). Runs with the same first removed token form a trie over those positions; :func:`stems` picks one
 level of it, the set of disjoint nodes (each shared by at least two runs) that saves the most rows: a node of depth
 ``d`` shared by ``k`` runs saves ``(k - 1) * d`` rows and costs a row's share of a pass (``share``); stems whose
-savings do not pay for the pass they need (``call`` rows) are not taken. On two-level designs for 8 sources of
-~150 tokens the stems save 8-12 % of the rows the masks run (docs/context.md).
+savings do not pay for the pass they need (``call`` rows) are not taken. On fold-overs of 16 masks for 8 sources of
+150 tokens the plan counts 8-10 % less with them (:func:`normx.methods.ablation.planning.masks_cost`, four seeds;
+tests/context/test_stems.py checks 5-20 %).
 
 Layer 3 (methods): numpy only; :mod:`normx.methods.ablation.prefix` runs what this plans and
 :mod:`normx.methods.ablation.planning` counts it.
