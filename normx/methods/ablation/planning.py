@@ -1,7 +1,8 @@
 """What ``budgeted``'s passes cost and which masks a budget buys: the model's work per token (:class:`Costs`), a
 mask's cost in plain forward passes (:func:`mask_costs`: on a cut cache only its tokens from its first removed source
-on), the whole pass's (:func:`whole_cost`), the presence prior's on the whole pass's cache (:func:`shared_prior_cost`),
-and the designed masks a budget pays for (:func:`plan_masks`)."""
+on), the masks' together as they run (:func:`masks_cost`: their shared stems once, each pass's attention as it reads
+it), the whole pass's (:func:`whole_cost`), the presence prior's on the whole pass's cache
+(:func:`shared_prior_cost`), and the designed masks a budget pays for (:func:`plan_masks`)."""
 
 from __future__ import annotations
 
