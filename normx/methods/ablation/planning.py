@@ -92,15 +92,16 @@ def masks_cost(sources: list[list[int]], masks: np.ndarray, prompt_length: int, 
     each row its own tokens, its share of a pass's call and its attention as its pass reads it (every row of a pass
     reads from the pass's largest cut to its longest row: :func:`normx.methods.ablation.prefix.chunks` makes the
     passes); the head at each mask's response. Else (whole passes) each mask alone (:func:`mask_costs`)."""
-    alone = mask_costs(sources, masks, prompt_length, steps, shared, costs, per_pass)
     if not shared:
-        return float(alone.sum())
+        return float(mask_costs(sources, masks, prompt_length, steps, shared, costs, per_pass).sum())
     every = stems.runs(sources, masks, prompt_length)
-    found = [run for run in every if run.start or len(run.kept)]
+    found = [run for run in every if not run.anew]
     chosen = stems.stems(found, CALL_ROWS / per_pass, CALL_ROWS)
     into = {i: len(stem.kept) for stem in chosen for i in stem.members}
     plain = costs.plain(prompt_length + steps)
-    work = sum(alone[run.mask] * plain for run in every if not (run.start or len(run.kept)))  # (run whole)
+    anew = [run.mask for run in every if run.anew]  # (run whole)
+    work = float(mask_costs(sources, np.asarray(masks)[anew], prompt_length, steps, shared, costs, per_pass).sum()
+                 ) * plain
     work += len(found) * steps * costs.head + -(-len(chosen) // per_pass) * CALL_ROWS * costs.body  # (stems' passes)
     stem_rows = [(stem.start, range(len(stem.kept))) for stem in chosen]
     leaf_rows = [(run.start + into.get(i, 0), range(len(run.kept) - into.get(i, 0) + steps))

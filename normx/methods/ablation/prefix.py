@@ -214,7 +214,7 @@ def response_hidden(prefix: Prefix, sources: list[list[int]], keeps: np.ndarray,
     every = runs(sources, keeps, length)
     for m in set(range(len(keeps))) - {run.mask for run in every}:
         out[m] = prefix.hidden[length - 1:length - 1 + n]  # (a mask that removes no token)
-    found = [run for run in every if run.start or len(run.kept)]
+    found = [run for run in every if not run.anew]
     grafts: dict[int, tuple] = {}  # run -> (its stem's keys, the stem's length, the stem's last hidden state)
     shared = stems(found, CALL_ROWS / per_pass, CALL_ROWS)
     for chunk in chunks([(stem, stem.start, ids[stem.kept].tolist()) for stem in shared], per_pass):

@@ -31,6 +31,12 @@ class Run:
     start: int
     kept: np.ndarray
 
+    @property
+    def anew(self) -> bool:
+        """Whether it removes every prompt token with nothing before them: its sequence starts anew, read by a
+        whole pass, not from the cache."""
+        return not self.start and not len(self.kept)
+
 
 @dataclass(frozen=True)
 class Stem:
