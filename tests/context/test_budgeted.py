@@ -310,16 +310,16 @@ def test_the_finer_stage_scores_the_sentences_of_the_passages_that_weigh_most(ll
     sum to the passage's own weight, every other passage its own; the budget holds, and finer="none" is the method
     as it was."""
     model, tok = llama
-    plain = normx.explain_generation(model, tok, PASSAGES, method="budgeted", max_new_tokens=3, budget=8)
-    same = normx.explain_generation(model, tok, PASSAGES, method="budgeted", max_new_tokens=3, budget=8,
+    plain = normx.explain_generation(model, tok, PASSAGES, method="budgeted", max_new_tokens=3, budget=5)
+    same = normx.explain_generation(model, tok, PASSAGES, method="budgeted", max_new_tokens=3, budget=5,
                                     finer="none")
     np.testing.assert_array_equal(same.scores, plain.scores)
     assert "refined" not in plain.settings and len(plain.settings["source_spans"]) == 3
-    g = normx.explain_generation(model, tok, PASSAGES, method="budgeted", max_new_tokens=3, budget=8,
+    g = normx.explain_generation(model, tok, PASSAGES, method="budgeted", max_new_tokens=3, budget=5,
                                  finer="sentences")
     settings, found = g.settings, g.settings["refined"]
     assert settings["finer"] == "sentences"  # (the option, as every option is recorded)
-    assert settings["passes"] <= 8 and settings["masks"] < plain.settings["masks"]  # half the passages' masks
+    assert settings["passes"] <= 5 and settings["masks"] < plain.settings["masks"]  # half the passages' masks
     passages = [list(range(a, b)) for a, b in settings["source_spans"]]
     weights = budgeted.surrogate(np.array(settings["design"], bool), np.array(settings["outcomes"]))
     top = [j for j in np.argsort(-weights, kind="stable") if weights[j] > 0][:2]
@@ -328,7 +328,7 @@ def test_the_finer_stage_scores_the_sentences_of_the_passages_that_weigh_most(ll
     assert len(units) == 2 * len(top)  # two sentences in each refined passage
     assert all(any(set(u) <= set(passages[j]) for j in top) for u in units)
     masks = planning.plan_masks(
-        units, g.prompt_length, g.steps, 8.0, 0, True, planning.Costs.of(model), 8,
+        units, g.prompt_length, g.steps, 5.0, 0, True, planning.Costs.of(model), 8,
         spent=planning.masks_cost(passages, np.array(settings["design"], bool)[1:], g.prompt_length, g.steps, True,
                                   planning.Costs.of(model), 8))
     keeps = np.vstack([np.ones((1, len(units)), bool), masks])

@@ -46,18 +46,46 @@ def test_screening_is_resolution_iii(sources):
     assert not x.sum(0).any()  # each source kept in half the masks
 
 
+def _informative(rows: np.ndarray) -> np.ndarray:
+    """The rows in order without the one keeping every source and without repeats."""
+    seen, out = set(), []
+    for row in rows:
+        if not row.all() and row.tobytes() not in seen:
+            seen.add(row.tobytes())
+            out.append(row)
+    return np.array(out)
+
+
 def test_masks_in_budget_order():
     screening = designs.screening(8, seed=5)
     got = designs.masks(8, 30, seed=5)
-    np.testing.assert_array_equal(got[:12], screening)
-    np.testing.assert_array_equal(got[12:24], ~screening)  # then its complements: a fold-over
-    np.testing.assert_array_equal(got[24:], designs.screening(8, seed=6)[:6])
+    want = _informative(np.vstack([screening, ~screening, designs.screening(8, seed=6)]))  # then its complements
+    np.testing.assert_array_equal(got, want[:30])
+    assert len(want) >= 30 and len(want) < 36  # (this seed's designs: some mask given twice, or keeping all)
     folds = designs.masks(8, 20, seed=5, kind="fold_over")
-    np.testing.assert_array_equal(folds[:16], designs.fold_over(8, seed=5))
+    np.testing.assert_array_equal(folds, _informative(np.vstack([designs.fold_over(8, seed=5),
+                                                                   designs.fold_over(8, seed=6)]))[:20])
     np.testing.assert_array_equal(designs.masks(8, 7, seed=5), got[:7])  # a shorter budget: the same first masks
     assert not np.array_equal(designs.fold_over(8, 1), designs.fold_over(8, 2))  # seeds give other designs
     with pytest.raises(InvalidInputError, match="kind"):
         designs.masks(8, 4, 0, kind="random")
+
+
+@pytest.mark.parametrize("sources", [1, 2, 3, 4, 5, 11, 12, 13])
+@pytest.mark.parametrize("kind", designs.KINDS)
+def test_every_mask_once_and_never_the_whole(sources, kind):
+    """The model's outcomes are deterministic: a mask run twice tells nothing new, and the mask keeping every
+    source is the whole pass. A budget past the masks there are (2 ** sources - 1) gets each of them once, the
+    designs' first, and a shorter one a prefix of them."""
+    asked = 5000
+    got = designs.masks(sources, asked, seed=3, kind=kind)
+    there = min(2 ** sources - 1, designs.LARGEST)
+    assert got.shape == (min(asked, there), sources) == (designs.distinct(sources), sources)
+    assert len({row.tobytes() for row in got}) == len(got) and not got.all(1).any()
+    np.testing.assert_array_equal(designs.masks(sources, 9, seed=3, kind=kind), got[:9])
+    first = designs.fold_over(sources, 3) if kind == "fold_over" else designs.screening(sources, 3)
+    head = _informative(first)
+    np.testing.assert_array_equal(got[:len(head)], head)
 
 
 def test_a_design_recovers_main_effects_exactly():

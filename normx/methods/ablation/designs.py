@@ -22,6 +22,8 @@ import numpy as np
 from normx.errors import InvalidInputError
 
 LARGEST = 4096  # the largest order built; sources past it are not designed (random masks instead)
+REPLICATES = 64  # designs drawn for distinct masks before the rest are enumerated (fewer sources than ENUMERATED)
+ENUMERATED = 13  # sources from which the masks are never enumerated (more of them than LARGEST)
 
 
 def _is_prime(q: int) -> bool:
@@ -85,20 +87,38 @@ def masks(sources: int, count: int, seed: int, kind: str = "screening") -> np.nd
     resolution IV designs (:func:`fold_over`), seed after seed; ``"screening"``: a resolution III design
     (:func:`screening`), then its rows' complements (together a fold-over: resolution IV), then the same with the next
     seed. A budget that stops inside a design keeps its first rows. Too many sources for a design built here: random
-    masks, each source kept with probability 1/2."""
+    masks, each source kept with probability 1/2. Each mask once, and never the one that keeps every source (the
+    whole pass reads it; the model's outcomes are deterministic, so a mask run again tells nothing new): fewer than
+    ``count`` where the sources have fewer (:func:`distinct`); where the designs repeat themselves before that (a few
+    sources), the masks they have not given follow, in a seeded order."""
     if sources < 1 or count < 0 or kind not in KINDS:
         raise InvalidInputError(f"masks need at least one source, a count >= 0 and a kind in {KINDS}, got {sources}, "
                                 f"{count} and {kind!r}")
+    count = min(count, distinct(sources))
     rows: list[np.ndarray] = []
+    seen = {np.ones(sources, bool).tobytes()}
     replicate = 0
-    while sum(len(r) for r in rows) < count:
+    while len(rows) < count and replicate < (REPLICATES if sources < ENUMERATED else 16 * count):
         design = (fold_over if kind == "fold_over" else screening)(sources, seed + replicate)
         if design is None:
-            rows.append(np.random.default_rng([seed, sources, replicate]).random((count, sources)) < 0.5)
-        else:
-            rows.extend([design] if kind == "fold_over" else [design, ~design])
+            design = np.random.default_rng([seed, sources, replicate]).random((count, sources)) < 0.5
+        elif kind == "screening":
+            design = np.vstack([design, ~design])
+        for row in design:
+            if row.tobytes() not in seen:
+                seen.add(row.tobytes())
+                rows.append(row)
         replicate += 1
-    return np.vstack(rows)[:count] if rows else np.zeros((0, sources), bool)
+    if len(rows) < count:  # (a few sources: the masks not given yet, in a seeded order)
+        every = (np.arange(1 << sources)[:, None] >> np.arange(sources)[None] & 1).astype(bool)
+        rows += [row for row in every[np.random.default_rng([seed, sources]).permutation(len(every))]
+                 if row.tobytes() not in seen]
+    return np.array(rows[:count], bool).reshape(-1, sources)
+
+
+def distinct(sources: int) -> int:
+    """The masks there are for ``sources`` sources besides the one keeping them all (at most :data:`LARGEST`)."""
+    return LARGEST if sources >= ENUMERATED else (1 << sources) - 1
 
 
 def block(sources: int, kind: str) -> int:

@@ -47,14 +47,14 @@ class Costs:
         """The work of running tokens at these positions (no head)."""
         return float(len(positions) * self.body + self.attention * (positions + 1).sum())
 
-    def continued(self, begin: int, count: int) -> float:
+    def continued(self, begin, count):
         """``count`` tokens run after ``begin`` cached ones through an explicit mask (a masked pass on a cut cache),
         :data:`~normx.methods.ablation.prefix.WINDOW` at a time: every query of a window reads every key up to the
         window's end, where a causal pass's kernel reads only those before it (on 2,000-token prompts the triangle
-        undercounted these passes by about a fifth)."""
-        full, rest = divmod(count, WINDOW)
+        undercounted these passes by about a fifth). Numbers or arrays of them alike."""
+        full, rest = np.divmod(count, WINDOW)
         keys = full * WINDOW * begin + WINDOW * WINDOW * full * (full + 1) // 2 + rest * (begin + count)
-        return float(count * self.body + self.attention * keys)
+        return count * self.body + self.attention * keys
 
     def plain(self, total: int) -> float:
         """A plain forward pass over ``total`` tokens, logits at every position."""
@@ -66,22 +66,24 @@ def mask_costs(sources: list[list[int]], masks: np.ndarray, prompt_length: int, 
     """Each mask's cost in plain forward passes over the ``prompt_length + steps`` tokens: the tokens it runs
     (``shared``: its kept tokens from its first removed one on; else all its kept tokens) at their positions, the
     response's, the head at the response's positions, and its share of a forward pass's own cost (reading the weights:
-    :data:`~normx.methods.ablation.prefix.CALL_ROWS` rows a pass, ``per_pass`` masks a pass)."""
-    owner = np.full(prompt_length, -1)
-    for j, members in enumerate(sources):
-        owner[members] = j
-    plain = costs.plain(prompt_length + steps)
-    out = np.zeros(len(masks))
-    for m, keep in enumerate(np.asarray(masks, bool)):
-        kept = (owner < 0) | keep[np.maximum(owner, 0)]
-        if kept.all():
-            continue
-        begin = int(np.argmin(kept)) if shared else 0
-        count = int(kept[begin:].sum()) + steps
-        work = costs.continued(begin, count) if shared else costs.tokens(np.arange(count))
-        calls = -(-count // WINDOW) if shared else 1  # the passes its rows run in
-        out[m] = (work + steps * costs.head + calls * CALL_ROWS / per_pass * costs.body) / plain
-    return out
+    :data:`~normx.methods.ablation.prefix.CALL_ROWS` rows a pass, ``per_pass`` masks a pass); 0 for a mask that
+    removes no token. Counted per source, not per token (a mask's first removed token is its first removed source's
+    first; no token of a source it removes lies before that)."""
+    removed = ~np.asarray(masks, bool).reshape(-1, len(sources))
+    sizes = np.array([len(members) for members in sources], np.int64)
+    firsts = np.array([min(members, default=prompt_length) for members in sources], np.int64)
+    removes = removed & (sizes > 0)
+    begin = np.where(removes, firsts, prompt_length).min(1, initial=prompt_length) if shared else np.zeros(
+        len(removed), np.int64)
+    count = prompt_length - begin - removes @ sizes + steps  # (its kept tokens from ``begin`` on, and the response)
+    if shared:
+        work = costs.continued(begin, count)
+        calls = -(-count // WINDOW)  # the passes its rows run in
+    else:
+        work = count * costs.body + costs.attention * count * (count + 1) / 2
+        calls = 1
+    out = (work + steps * costs.head + calls * CALL_ROWS / per_pass * costs.body) / costs.plain(prompt_length + steps)
+    return np.where(removes.any(1), out, 0.0).astype(np.float64)
 
 
 def masks_cost(sources: list[list[int]], masks: np.ndarray, prompt_length: int, steps: int, shared: bool,
@@ -129,26 +131,28 @@ def plan_masks(sources: list[list[int]], prompt_length: int, steps: int, budget:
     budget has paid for already (a prior's reading)."""
     left = SPEND * budget - spent - whole_cost(prompt_length, steps, costs)
 
-    def affordable(kind: str, limit: int, drawn: int) -> int:
-        spent, count = 0.0, 0
-        while count < limit:
-            block = designs.masks(len(sources), min(count + 64, limit), drawn, kind)[count:]
-            for cost in mask_costs(sources, block, prompt_length, steps, shared, costs, per_pass):
-                if count >= MIN_ABLATIONS and spent + cost > left:
-                    return grown(kind, limit, drawn, count)
-                spent += cost
-                count += 1
-        return count
+    def affordable(kind: str, drawn: int) -> int:
+        size = 64
+        while True:  # (a quarter as many masks as the last try bought nothing over the budget)
+            found = designs.masks(len(sources), min(size, MAX_MASKS), drawn, kind)
+            over = np.flatnonzero(np.cumsum(mask_costs(sources, found, prompt_length, steps, shared, costs,
+                                                       per_pass)) > left)
+            if len(over):
+                return grown(kind, drawn, min(max(int(over[0]), MIN_ABLATIONS), len(found)))
+            if len(found) < size or size >= MAX_MASKS:  # (every mask there is, or as many as a budget uses)
+                return len(found)
+            size *= 4
 
-    def grown(kind: str, limit: int, drawn: int, count: int) -> int:
+    def grown(kind: str, drawn: int, count: int) -> int:
         """The masks that fit counted together (:func:`masks_cost`), from the ``count`` that fit counted alone."""
+        found = designs.masks(len(sources), min(2 * count + 8, MAX_MASKS), drawn, kind)
+
         def fits(k: int) -> bool:
-            return masks_cost(sources, designs.masks(len(sources), k, drawn, kind), prompt_length, steps, shared,
-                              costs, per_pass) <= left
+            return masks_cost(sources, found[:k], prompt_length, steps, shared, costs, per_pass) <= left
 
         if not shared:
             return count
-        while count < limit and fits(count + 1):
+        while count < len(found) and fits(count + 1):
             count += 1
         while count > MIN_ABLATIONS and not fits(count):
             count -= 1
@@ -157,7 +161,7 @@ def plan_masks(sources: list[list[int]], prompt_length: int, steps: int, budget:
     candidates = range(seed * CANDIDATES, (seed + 1) * CANDIDATES)
     whole = designs.block(len(sources), "fold_over")
     for kind in ("fold_over", "screening"):
-        bought = {drawn: affordable(kind, MAX_MASKS, drawn) for drawn in candidates}
+        bought = {drawn: affordable(kind, drawn) for drawn in candidates}
         drawn = max(candidates, key=lambda d: (bought[d], -d))  # the design that buys the most masks
         if kind == "screening" or (whole and bought[drawn] >= whole - 1):  # resolution IV, or all but one mask
             return designs.masks(len(sources), bought[drawn], drawn, kind)
