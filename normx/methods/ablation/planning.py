@@ -96,13 +96,19 @@ def masks_cost(sources: list[list[int]], masks: np.ndarray, prompt_length: int, 
     passes); the head at each mask's response. Else (whole passes) each mask alone (:func:`mask_costs`)."""
     if not shared:
         return float(mask_costs(sources, masks, prompt_length, steps, shared, costs, per_pass).sum())
-    every = stems.runs(sources, masks, prompt_length)
+    return _together(sources, masks, stems.runs(sources, masks, prompt_length), prompt_length, steps, costs, per_pass)
+
+
+def _together(sources: list[list[int]], masks: np.ndarray, every: list, prompt_length: int, steps: int,
+              costs: Costs, per_pass: int) -> float:
+    """:func:`masks_cost` on a cut cache, from the masks' runs ``every`` (:func:`normx.methods.ablation.stems.runs`:
+    a mask's run is its own, whatever the other masks)."""
     found = [run for run in every if not run.anew]
     chosen = stems.stems(found, CALL_ROWS / per_pass, CALL_ROWS)
     into = {i: len(stem.kept) for stem in chosen for i in stem.members}
     plain = costs.plain(prompt_length + steps)
     anew = [run.mask for run in every if run.anew]  # (run whole)
-    work = float(mask_costs(sources, np.asarray(masks)[anew], prompt_length, steps, shared, costs, per_pass).sum()
+    work = float(mask_costs(sources, np.asarray(masks)[anew], prompt_length, steps, True, costs, per_pass).sum()
                  ) * plain
     work += len(found) * steps * costs.head + -(-len(chosen) // per_pass) * CALL_ROWS * costs.body  # (stems' passes)
     stem_rows = [(stem.start, range(len(stem.kept))) for stem in chosen]
@@ -145,14 +151,19 @@ def plan_masks(sources: list[list[int]], prompt_length: int, steps: int, budget:
 
     def grown(kind: str, drawn: int, count: int) -> int:
         """The masks that fit counted together (:func:`masks_cost`), from the ``count`` that fit counted alone."""
-        found = designs.masks(len(sources), min(2 * count + 8, MAX_MASKS), drawn, kind)
-
-        def fits(k: int) -> bool:
-            return masks_cost(sources, found[:k], prompt_length, steps, shared, costs, per_pass) <= left
-
         if not shared:
             return count
-        while count < len(found) and fits(count + 1):
+        found, every = np.zeros((0, len(sources)), bool), []
+
+        def fits(k: int) -> bool:
+            nonlocal found, every
+            if k > len(found):  # (the masks' runs, a block at a time: a mask's run is its own)
+                found = designs.masks(len(sources), min(max(2 * k, k + 8), MAX_MASKS), drawn, kind)
+                every = stems.runs(sources, found, prompt_length)
+            return _together(sources, found[:k], [run for run in every if run.mask < k], prompt_length, steps, costs,
+                             per_pass) <= left
+
+        while count < MAX_MASKS and fits(count + 1) and count + 1 <= len(found):
             count += 1
         while count > MIN_ABLATIONS and not fits(count):
             count -= 1
