@@ -2,7 +2,10 @@
 same layout write files of their own): per method, LDS mean ± standard error over the contexts where both it and the
 reference ran, its difference from the reference paired by context, its cost (× a plain forward: median, range, how
 many contexts above 6×) and, for a method that plans its passes (``budgeted``), the passes it planned, the measured
-cost over them and the masks it bought.
+cost over them and the masks it bought. ``--by kind`` reads each kind of context apart (``qa``, ``claim``: the
+context's id begins with it); ``--by found``, the contexts by whether the first method's own sources (its design's
+columns, or its groups' sources) are fewer than the check's, as many or more (sentences it found in the prompt
+against the check's).
 
     python -m studies.context.pooled docs/results/context-budgeted/passages.jsonl \\
         docs/results/context-budgeted/passages-6.jsonl docs/results/context-budgeted/passages-12.jsonl \\
@@ -47,6 +50,23 @@ def pooled(records: list[dict], methods: list[str], reference: str) -> list[dict
     return rows
 
 
+def group_of(record: dict, by: str | None, method: str) -> str:
+    """The group a context falls in (:data:`BY`); ``"all"`` without ``by``; ``""`` where the method has no design."""
+    if by is None:
+        return "all"
+    if by == "kind":
+        return record["id"].split("-")[0]
+    found = record["methods"].get(method, {})
+    if not found.get("design"):
+        return ""
+    own = sum(len(group) for group in found["groups"]) if found.get("groups") else len(found["design"][0])
+    return ("fewer sources than the check's" if own < record["sources"] else
+            "more sources than the check's" if own > record["sources"] else "the check's sources")
+
+
+BY = ("kind", "found")
+
+
 def table(rows: list[dict], reference: str) -> str:
     lines = [f"| method | contexts | LDS | paired with `{reference}` | cost (× a forward, median, range) | over 6× "
              "(first calls) | "
@@ -68,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("records", type=Path, nargs="+", help="JSON lines written by studies.context.budget")
     parser.add_argument("--methods", required=True, help="space-separated specs, as the runs named them")
     parser.add_argument("--reference", default="contextcite@32")
+    parser.add_argument("--by", choices=BY, default=None, help="read the contexts in groups: their kind, or whether "
+                        "the first method found fewer, as many or more sources than the check's")
     parser.add_argument("--out", type=Path, required=True, help="the JSON to write: one row per method (the table "
                         "is printed)")
     args = parser.parse_args(argv)
@@ -78,10 +100,17 @@ def main(argv: list[str] | None = None) -> int:
             if record["id"] in records:
                 raise SystemExit(f"{path}: context {record['id']} is in another of the files too")
             records[record["id"]] = record
-    rows = pooled(list(records.values()), args.methods.split(), args.reference)
+    methods = args.methods.split()
+    groups: dict[str, list[dict]] = {}
+    for record in records.values():
+        groups.setdefault(group_of(record, args.by, methods[0]), []).append(record)
+    found = {name: pooled(members, methods, args.reference) for name, members in sorted(groups.items()) if name}
+    rows = found.get("all")
     args.out.write_text(json.dumps({"records": [str(p) for p in args.records], "reference": args.reference,
-                                    "rows": rows}, indent=1) + "\n", encoding="utf-8")
-    print(table(rows, args.reference), end="")
+                                    **({"rows": rows} if args.by is None else {"by": args.by, "groups": found})},
+                                   indent=1) + "\n", encoding="utf-8")
+    for name, group_rows in found.items():
+        print(("" if args.by is None else f"{name}:\n") + table(group_rows, args.reference), end="")
     return 0
 
 

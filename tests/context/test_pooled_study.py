@@ -49,3 +49,31 @@ def test_a_context_in_two_files_is_an_error(tmp_path):
     path.write_text(json.dumps(_record("a", ref=(0.8, 20.0))) + "\n")
     with pytest.raises(SystemExit, match="in another of the files"):
         pooled.main([str(path), str(path), "--methods", "ref", "--reference", "ref", "--out", str(tmp_path / "o")])
+
+
+def test_groups_by_kind_and_by_the_sources_found(tmp_path, capsys):
+    """--by kind reads qa and claim contexts apart; --by found, by whether the first method's own sources (its
+    design's columns, or its groups' sources) are fewer than the check's, as many or more."""
+    records = [_record("qa-heldout-1", ref=(0.8, 20.0), mine=(0.9, 5.0)),
+               _record("claim-heldout-1", ref=(0.7, 20.0), mine=(0.5, 5.0)),
+               _record("claim-heldout-2", ref=(0.6, 20.0), mine=(0.6, 5.0))]
+    for record, sources, design, groups in zip(records, (3, 4, 2), ([[1, 1, 1]], [[1, 1]], [[1, 1, 1]]),
+                                                 (None, [[0, 1], [2, 3]], None)):
+        record["sources"] = sources
+        record["methods"]["mine"]["design"] = design
+        if groups:
+            record["methods"]["mine"]["groups"] = groups
+    assert [pooled.group_of(r, "found", "mine") for r in records] == [
+        "the check's sources", "the check's sources", "more sources than the check's"]  # (groups: 4 of 4)
+    records[1]["methods"]["mine"]["groups"] = [[0, 1], [2]]
+    assert pooled.group_of(records[1], "found", "mine") == "fewer sources than the check's"
+    assert pooled.group_of(records[1], "found", "ref") == ""  # (no design: in no group)
+    path = tmp_path / "r.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    out = tmp_path / "o.json"
+    assert pooled.main([str(path), "--methods", "mine", "--reference", "ref", "--by", "kind", "--out", str(out)]) == 0
+    found = json.loads(out.read_text())
+    assert found["by"] == "kind" and sorted(found["groups"]) == ["claim", "qa"]
+    claim = {row["method"]: row for row in found["groups"]["claim"]}
+    assert claim["mine"]["contexts"] == 2 and claim["mine"]["paired"] == pytest.approx(-0.1)
+    assert "claim:\n" in capsys.readouterr().out
