@@ -139,7 +139,7 @@ def plan_masks(sources: list[list[int]], prompt_length: int, steps: int, budget:
 
     def affordable(kind: str, drawn: int) -> int:
         size = 64
-        while True:  # (a quarter as many masks as the last try bought nothing over the budget)
+        while True:  # (64 masks, then four times as many while every one of them fits)
             found = designs.masks(len(sources), min(size, MAX_MASKS), drawn, kind)
             over = np.flatnonzero(np.cumsum(mask_costs(sources, found, prompt_length, steps, shared, costs,
                                                        per_pass)) > left)
