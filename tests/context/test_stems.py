@@ -84,3 +84,53 @@ def test_the_planner_counts_the_stems(monkeypatch):
     more = planning.plan_masks(sources, 1250, 8, 6.0, 0, True, costs, 16)
     left = planning.SPEND * 6 - planning.whole_cost(1250, 8, costs)
     assert planning.masks_cost(sources, more, 1250, 8, True, costs, 16) <= left
+
+
+def _plan_by_hand(sources, prompt_length, steps, budget, seed, costs, per_pass):
+    """The plan counted the slow way: every candidate design's masks counted alone one at a time, then together
+    (its runs and stems again for every count), the one buying the most kept (ties: the first seed)."""
+    left = planning.SPEND * budget - planning.whole_cost(prompt_length, steps, costs)
+    k = len(sources)
+    every = designs.distinct(k)
+
+    def together(masks):
+        return planning._together(sources, masks, stems.runs(sources, masks, prompt_length), prompt_length, steps,
+                                  costs, per_pass)
+
+    for kind in ("fold_over", "screening"):
+        bought = {}
+        for drawn in range(seed * planning.CANDIDATES, (seed + 1) * planning.CANDIDATES):
+            count, spent = 0, 0.0
+            for mask in designs.masks(k, min(every, 512), drawn, kind):
+                spent += float(planning.mask_costs(sources, mask[None], prompt_length, steps, True, costs,
+                                                   per_pass)[0])
+                if spent > left:
+                    break
+                count += 1
+            count = min(max(count, planning.MIN_ABLATIONS), min(every, 512))
+            while count < min(every, 512) and together(designs.masks(k, count + 1, drawn, kind)) <= left:
+                count += 1
+            while count > planning.MIN_ABLATIONS and together(designs.masks(k, count, drawn, kind)) > left:
+                count -= 1
+            bought[drawn] = count
+        drawn = max(bought, key=lambda d: (bought[d], -d))
+        whole = designs.block(k, "fold_over")
+        if kind == "screening" or (whole and bought[drawn] >= whole - 1):
+            return designs.masks(k, bought[drawn], drawn, kind)
+    raise AssertionError("unreachable")
+
+
+@pytest.mark.parametrize(("sizes", "prompt_length", "budget", "seed"), [
+    ((30, 25, 40, 35, 30, 28, 32), 300, 6.0, 0), ((150,) * 8, 1250, 6.0, 1), ((20,) * 12, 300, 6.0, 0),
+    ((60, 10, 90, 40, 120), 400, 12.0, 2), ((25,) * 10, 300, 2.0, 0), ((5, 7, 9), 60, 24.0, 0)])
+def test_the_plan_is_the_candidate_that_buys_the_most(sizes, prompt_length, budget, seed):
+    costs = planning.Costs(2e8, 5e7, 7e4)
+    sources, at = [], 4
+    for size in sizes:
+        sources.append(list(range(at, at + size)))
+        at += size + 1
+    want = _plan_by_hand(sources, prompt_length, 8, budget, seed, costs, 8)
+    got = planning.plan_masks(sources, prompt_length, 8, budget, seed, True, costs, 8)
+    np.testing.assert_array_equal(got, want)
+    got[:] = ~got  # (the plan is the caller's: the designs kept for the next plan are not changed by it)
+    np.testing.assert_array_equal(planning.plan_masks(sources, prompt_length, 8, budget, seed, True, costs, 8), want)

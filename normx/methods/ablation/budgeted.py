@@ -182,24 +182,27 @@ def _merged(sources: list[list[int]], groups: list[list[int]]) -> list[list[int]
 
 
 def _grouped(ctx: ResponseContext, sources: list[list[int]], costs: Costs, per_pass: int,
-             bought: int, spent: float = 0.0) -> list[list[int]] | None:
+             bought: int, spent: float = 0.0) -> tuple[list[list[int]], np.ndarray] | None:
     """The most groups of adjacent sources (:func:`coarse`) that the masks the budget buys tell apart (more masks
     than groups; found by bisection), where it buys no more masks than there are sources (``bought``) and the
-    ``coarse`` option allows it; else None."""
+    ``coarse`` option allows it, and the masks planned for them on a cut cache; else None."""
     if ctx.options["coarse"] == "none" or bought > len(sources) or len(sources) < 3:
         return None
     budget, seed = budget_value(ctx.options["budget"]), ctx.options["seed"]
+    plans: dict[int, np.ndarray] = {}
 
-    def told_apart(count: int) -> bool:
-        merged = _merged(sources, coarse(sources, count))
-        return len(plan_masks(merged, ctx.prompt_length, ctx.steps, budget, seed, True, costs, per_pass,
-                              spent)) > count
+    def planned(count: int) -> np.ndarray:
+        if count not in plans:
+            merged = _merged(sources, coarse(sources, count))
+            plans[count] = plan_masks(merged, ctx.prompt_length, ctx.steps, budget, seed, True, costs, per_pass,
+                                      spent)
+        return plans[count]
 
     low, high = 2, len(sources) - 1  # (two groups: the least a surrogate can split)
-    while low < high:
+    while low < high:  # (bisection: the most groups whose plan buys more masks than groups)
         middle = (low + high + 1) // 2
-        low, high = (middle, high) if told_apart(middle) else (low, middle - 1)
-    return coarse(sources, low)
+        low, high = (middle, high) if len(planned(middle)) > middle else (low, middle - 1)
+    return coarse(sources, low), planned(low)
 
 
 def _prior(ctx: ResponseContext, sources: list[list[int]], costs: Costs, per_pass: int
@@ -285,9 +288,10 @@ def budgeted(ctx: ResponseContext) -> ResponseRows:
     kept = finer.reserve(ctx, sources, SPEND * budget - prior_cost - whole_cost(ctx.prompt_length, n, costs))
     if prior_name == "none":  # sources the masks cannot tell apart: removed in groups of adjacent ones
         planned = plan_masks(sources, ctx.prompt_length, n, budget, ctx.options["seed"], cut, costs, per_pass, kept)
-        groups = _grouped(ctx, sources, costs, per_pass, len(planned), kept)
-        if groups is not None:
-            sources, planned = _merged(sources, groups), None
+        grouped = _grouped(ctx, sources, costs, per_pass, len(planned), kept)
+        if grouped is not None:
+            groups, planned = grouped
+            sources, planned = _merged(sources, groups), planned if cut else None  # (planned on a cut cache)
             settings["groups"] = groups
     masks = planned if planned is not None else plan_masks(  # (planned already where no prior was read)
         sources, ctx.prompt_length, n, budget, ctx.options["seed"], cut, costs, per_pass, spent=prior_cost + kept)

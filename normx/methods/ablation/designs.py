@@ -15,7 +15,7 @@ columns and of which level means "kept" per source, so that different seeds give
 
 from __future__ import annotations
 
-from functools import cache
+from functools import cache, lru_cache
 
 import numpy as np
 
@@ -94,7 +94,17 @@ def masks(sources: int, count: int, seed: int, kind: str = "screening") -> np.nd
     if sources < 1 or count < 0 or kind not in KINDS:
         raise InvalidInputError(f"masks need at least one source, a count >= 0 and a kind in {KINDS}, got {sources}, "
                                 f"{count} and {kind!r}")
-    count = min(count, distinct(sources))
+    count = min(int(count), distinct(sources))
+    size = 64
+    while size < count:  # (a design's first masks are the same whatever the count: kept at a few sizes, cut)
+        size *= 4
+    return _masks(int(sources), min(size, distinct(sources)), int(seed), kind)[:count].copy()
+
+
+@lru_cache(maxsize=4096)
+def _masks(sources: int, count: int, seed: int, kind: str) -> np.ndarray:
+    """:func:`masks`, kept (a plan asks for the same designs again and again: every call's candidates, each
+    count it tries); read-only, :func:`masks` hands out copies."""
     rows: list[np.ndarray] = []
     seen = {np.ones(sources, bool).tobytes()}
     replicate = 0
@@ -113,7 +123,9 @@ def masks(sources: int, count: int, seed: int, kind: str = "screening") -> np.nd
         every = (np.arange(1 << sources)[:, None] >> np.arange(sources)[None] & 1).astype(bool)
         rows += [row for row in every[np.random.default_rng([seed, sources]).permutation(len(every))]
                  if row.tobytes() not in seen]
-    return np.array(rows[:count], bool).reshape(-1, sources)
+    found = np.array(rows[:count], bool).reshape(-1, sources)
+    found.flags.writeable = False
+    return found
 
 
 def distinct(sources: int) -> int:

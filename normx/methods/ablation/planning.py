@@ -17,6 +17,7 @@ from normx.methods.ablation.prefix import CALL_ROWS, WINDOW, chunks
 # counted work (the masked attention, Python around the passes), so a budget of 6 is kept at about 6 measured
 SPEND = 0.9
 CANDIDATES = 8  # designs drawn per call, the one that buys the most masks within the budget kept
+NEAR = 8  # candidates this close to the most masks counted alone are counted together too
 MAX_MASKS = 4096  # a budget past what the masks can use: ContextCite's estimator saturates long before
 MATERIALIZED_KEYS = 3000  # attention read whole costs 1 + keys / this per key beside a forward's (shared_prior_cost)
 
@@ -128,55 +129,77 @@ def plan_masks(sources: list[list[int]], prompt_length: int, steps: int, budget:
     """The masks :data:`SPEND` of the budget buys after the whole pass (at least :data:`MIN_ABLATIONS`): resolution IV
     designs where one fits, or all but one of its masks (:func:`normx.methods.ablation.designs.masks`,
     ``"fold_over"``), else a resolution III design and as many of its rows' complements as fit (``"screening"``):
-    on the training contexts
-    (docs/context.md) a whole fold-over beat the screening design and its complements at 15-16 masks, and lost to it
-    below. Of :data:`CANDIDATES` equally good designs (seeds ``seed * CANDIDATES`` on), the one whose masks' costs
-    buy the most: which sources a design removes first decides what its masks cost. The masks are counted alone,
-    then together (:func:`masks_cost`: their shared stems run once, each pass's attention as it reads it), one more or
-    one fewer until they fit. ``spent``: passes the
-    budget has paid for already (a prior's reading)."""
+    on the training contexts (docs/context.md) a whole fold-over beat the screening design and its complements at
+    15-16 masks, and lost to it below. Of :data:`CANDIDATES` equally good designs (seeds ``seed * CANDIDATES`` on),
+    the one whose masks buy the most counted alone (:func:`mask_costs`, every candidate's masks at once): which
+    sources a design removes first decides what its masks cost. Its masks are then counted together
+    (:func:`masks_cost`: their shared stems run once, each pass's attention as it reads it), one more or one fewer
+    until they fit. ``spent``: passes the budget has paid for already (a prior's reading). Its work on the host is a
+    few vectorised passes over the candidates' masks and the winner's stems (a plan counted for every candidate took
+    tens of milliseconds: on a card, several forward passes)."""
+    k = len(sources)
     left = SPEND * budget - spent - whole_cost(prompt_length, steps, costs)
-
-    def affordable(kind: str, drawn: int) -> int:
-        size = 64
-        while True:  # (64 masks, then four times as many while every one of them fits)
-            found = designs.masks(len(sources), min(size, MAX_MASKS), drawn, kind)
-            over = np.flatnonzero(np.cumsum(mask_costs(sources, found, prompt_length, steps, shared, costs,
-                                                       per_pass)) > left)
-            if len(over):
-                return grown(kind, drawn, min(max(int(over[0]), MIN_ABLATIONS), len(found)))
-            if len(found) < size or size >= MAX_MASKS:  # (every mask there is, or as many as a budget uses)
-                return len(found)
-            size *= 4
-
-    def grown(kind: str, drawn: int, count: int) -> int:
-        """The masks that fit counted together (:func:`masks_cost`), from the ``count`` that fit counted alone."""
-        if not shared:
-            return count
-        found, every = np.zeros((0, len(sources)), bool), []
-
-        def fits(k: int) -> bool:
-            nonlocal found, every
-            if k > len(found):  # (the masks' runs, a block at a time: a mask's run is its own)
-                found = designs.masks(len(sources), min(max(2 * k, k + 8), MAX_MASKS), drawn, kind)
-                every = stems.runs(sources, found, prompt_length)
-            return _together(sources, found[:k], [run for run in every if run.mask < k], prompt_length, steps, costs,
-                             per_pass) <= left
-
-        while count < MAX_MASKS and fits(count + 1) and count + 1 <= len(found):
-            count += 1
-        while count > MIN_ABLATIONS and not fits(count):
-            count -= 1
-        return count
-
-    candidates = range(seed * CANDIDATES, (seed + 1) * CANDIDATES)
-    whole = designs.block(len(sources), "fold_over")
+    candidates = np.arange(seed * CANDIDATES, (seed + 1) * CANDIDATES)
+    whole = designs.block(k, "fold_over")
     for kind in ("fold_over", "screening"):
-        bought = {drawn: affordable(kind, drawn) for drawn in candidates}
-        drawn = max(candidates, key=lambda d: (bought[d], -d))  # the design that buys the most masks
-        if kind == "screening" or (whole and bought[drawn] >= whole - 1):  # resolution IV, or all but one mask
-            return designs.masks(len(sources), bought[drawn], drawn, kind)
+        alone = _alone(sources, kind, candidates, prompt_length, steps, shared, costs, per_pass, left)
+        near = np.flatnonzero(alone >= alone.max() - NEAR) if shared else [int(np.argmax(alone))]
+        bought = {int(candidates[i]): _grown(sources, kind, int(candidates[i]), int(alone[i]), prompt_length, steps,
+                                             costs, per_pass, left) if shared else int(alone[i]) for i in near}
+        drawn = max(bought, key=lambda d: (bought[d], -d))  # the most masks; of equals, the first seed
+        count = bought[drawn]
+        if kind == "screening" or (whole and count >= whole - 1):  # resolution IV, or all but one mask
+            return designs.masks(k, count, drawn, kind)
     raise AssertionError("unreachable")
+
+
+def _alone(sources: list[list[int]], kind: str, candidates: np.ndarray, prompt_length: int, steps: int, shared: bool,
+           costs: Costs, per_pass: int, left: float) -> np.ndarray:
+    """How many of each candidate design's first masks fit in ``left`` passes, counted alone (at least
+    :data:`MIN_ABLATIONS`, at most the masks there are): 64 masks each, then four times as many while every one fits."""
+    k = len(sources)
+    size = 64
+    while True:  # (each candidate's first masks are the same at every size: a budget stopping early keeps them)
+        found = [designs.masks(k, min(size, MAX_MASKS), int(d), kind) for d in candidates]
+        each = mask_costs(sources, np.concatenate(found), prompt_length, steps, shared, costs, per_pass)
+        bounds = np.cumsum([0] + [len(f) for f in found])
+        counts = []
+        for i, rows in enumerate(found):
+            over = np.flatnonzero(np.cumsum(each[bounds[i]:bounds[i + 1]]) > left)
+            if len(over):
+                counts.append(min(max(int(over[0]), MIN_ABLATIONS), len(rows)))
+            elif len(rows) < size or size >= MAX_MASKS:  # (every mask there is, or as many as a budget uses)
+                counts.append(len(rows))
+            else:
+                break
+        if len(counts) == len(found):
+            return np.array(counts)
+        size *= 4
+
+
+def _grown(sources: list[list[int]], kind: str, drawn: int, count: int, prompt_length: int, steps: int,
+           costs: Costs, per_pass: int, left: float) -> int:
+    """The masks of design ``drawn`` that fit counted together (:func:`masks_cost`), from the ``count`` that fit
+    counted alone."""
+    k = len(sources)
+    found, every = np.zeros((0, k), bool), []
+    known: dict[int, bool] = {}
+
+    def fits(n: int) -> bool:
+        nonlocal found, every
+        if n not in known:
+            if n > len(found):  # (the masks' runs, a block at a time: a mask's run is its own)
+                found = designs.masks(k, min(max(2 * n, n + 8), MAX_MASKS), drawn, kind)
+                every = stems.runs(sources, found, prompt_length)
+            known[n] = _together(sources, found[:n], [run for run in every if run.mask < n], prompt_length, steps,
+                                 costs, per_pass) <= left
+        return known[n]
+
+    while count < MAX_MASKS and fits(count + 1) and count + 1 <= len(found):
+        count += 1
+    while count > MIN_ABLATIONS and not fits(count):
+        count -= 1
+    return count
 
 
 def whole_cost(prompt_length: int, steps: int, costs: Costs) -> float:

@@ -56,11 +56,13 @@ def runs(sources: list[list[int]], keeps: np.ndarray, prompt_length: int) -> lis
         owner[members] = j
     keeps = np.asarray(keeps, bool)
     kept = (owner[None] < 0) | keeps[:, np.maximum(owner, 0)]  # [masks, prompt]
-    found = []
-    for m in np.flatnonzero(~kept.all(1)):
-        start = int(np.argmin(kept[m]))
-        found.append(Run(int(m), start, np.flatnonzero(kept[m, start:]) + start))
-    return found
+    masks = np.flatnonzero(~kept.all(1))
+    starts = np.argmin(kept[masks], axis=1)  # (each mask's first removed token)
+    after = kept[masks] & (np.arange(prompt_length)[None] >= starts[:, None])
+    rows, positions = np.nonzero(after)  # (row-major: each mask's kept positions, ascending)
+    ends = np.cumsum(np.bincount(rows, minlength=len(masks)))
+    return [Run(int(m), int(start), kept_from) for m, start, kept_from in
+            zip(masks, starts, np.split(positions, ends[:-1]), strict=True)]
 
 
 def stems(found: list[Run], share: float, call: float) -> list[Stem]:
