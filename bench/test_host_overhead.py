@@ -91,6 +91,52 @@ def test_generation_beside_its_forward(benchmark, length, method):
         torch.set_num_threads(threads)
 
 
+BUDGETED = (320, 2048)  # budgeted's timed lengths: a short prompt, where its plan on the host weighs most, and a long
+
+
+@pytest.mark.parametrize("length", BUDGETED, ids=str)
+def test_budgeted_beside_its_forward(benchmark, length):
+    """``budgeted`` at its default budget (6 forward passes, counted as work) beside the model's own forward: what
+    its plan and its masked passes cost on the host where a forward takes milliseconds. Checked: the passes it
+    counted are within the budget, and its scores are the surrogate of the masks it records."""
+    from normx.methods.ablation.budgeted import surrogate
+
+    if not benchmark.enabled and length != BUDGETED[0]:
+        pytest.skip("timed runs only (--benchmark-enable); the smoke run checks the first length's scores")
+    steps = STEPS if benchmark.enabled else SMOKE_STEPS
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        made = byte_tokenizer(length)
+        model = llama(made, length)
+        prompt, prompt_ids, continuation = sequence(made, length, steps)
+        ids = torch.tensor([prompt_ids + continuation])
+
+        def forward():
+            with torch.no_grad():
+                model(input_ids=ids, logits_to_keep=steps + 1)
+
+        def explain():
+            return normx.explain_generation(model, made, prompt, method="budgeted", target=continuation)
+
+        result, baseline, _ = timed_rounds(benchmark, explain, forward, torch.device("cpu"), ROUNDS,
+                                           min_time=MIN_TIME, max_rounds=MAX_ROUNDS)
+        settings = result.settings
+        assert settings["passes"] <= 6 and settings["masks"] == len(settings["design"]) - 1
+        spans = settings["source_spans"]
+        members = [list(range(a, b)) for a, b in spans]
+        if "groups" in settings:
+            members = [[i for j in group for i in members[j]] for group in settings["groups"]]
+        rows = result.rows()  # (each step's row over the tokens before it: every one reads the prompt)
+        got = np.array([sum(float(row[m].sum()) for row in rows) for m in members])
+        want = surrogate(np.array(settings["design"], bool), np.array(settings["outcomes"]))
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
+        _record(benchmark, baseline, level="host_overhead", case="generation", model="tiny Llama", method="budgeted",
+                tokens=int(ids.shape[1]), steps=steps, masks=settings["masks"], passes=settings["passes"])
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_classification_beside_its_forward(benchmark):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
