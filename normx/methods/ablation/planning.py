@@ -17,7 +17,6 @@ from normx.methods.ablation.prefix import CALL_ROWS, WINDOW, chunks
 # counted work (the masked attention, Python around the passes), so a budget of 6 is kept at about 6 measured
 SPEND = 0.9
 CANDIDATES = 8  # designs drawn per call, the one that buys the most masks within the budget kept
-NEAR = 8  # candidates this close to the most masks counted alone are counted together too
 MAX_MASKS = 4096  # a budget past what the masks can use: ContextCite's estimator saturates long before
 MATERIALIZED_KEYS = 3000  # attention read whole costs 1 + keys / this per key beside a forward's (shared_prior_cost)
 
@@ -131,21 +130,20 @@ def plan_masks(sources: list[list[int]], prompt_length: int, steps: int, budget:
     ``"fold_over"``), else a resolution III design and as many of its rows' complements as fit (``"screening"``):
     on the training contexts (docs/context.md) a whole fold-over beat the screening design and its complements at
     15-16 masks, and lost to it below. Of :data:`CANDIDATES` equally good designs (seeds ``seed * CANDIDATES`` on),
-    the one whose masks buy the most counted alone (:func:`mask_costs`, every candidate's masks at once): which
-    sources a design removes first decides what its masks cost. Its masks are then counted together
-    (:func:`masks_cost`: their shared stems run once, each pass's attention as it reads it), one more or one fewer
-    until they fit. ``spent``: passes the budget has paid for already (a prior's reading). Its work on the host is a
-    few vectorised passes over the candidates' masks and the winner's stems (a plan counted for every candidate took
-    tens of milliseconds: on a card, several forward passes)."""
+    the one whose masks buy the most (of equals, the first seed): which sources a design removes first decides what
+    its masks cost. Each candidate's masks are counted alone (:func:`_alone`: every candidate's at once), then
+    together (:func:`_grown`, :func:`masks_cost`: their shared stems run once, each pass's attention as it reads it),
+    one more or one fewer until they fit. ``spent``: passes the budget has paid for already (a prior's reading). On
+    the host a plan is still tens of milliseconds (each candidate's stems at each count it tries): on a card, several
+    forward passes (docs/context.md, "On a card")."""
     k = len(sources)
     left = SPEND * budget - spent - whole_cost(prompt_length, steps, costs)
     candidates = np.arange(seed * CANDIDATES, (seed + 1) * CANDIDATES)
     whole = designs.block(k, "fold_over")
     for kind in ("fold_over", "screening"):
         alone = _alone(sources, kind, candidates, prompt_length, steps, shared, costs, per_pass, left)
-        near = np.flatnonzero(alone >= alone.max() - NEAR) if shared else [int(np.argmax(alone))]
-        bought = {int(candidates[i]): _grown(sources, kind, int(candidates[i]), int(alone[i]), prompt_length, steps,
-                                             costs, per_pass, left) if shared else int(alone[i]) for i in near}
+        bought = {int(d): _grown(sources, kind, int(d), int(n), prompt_length, steps, costs, per_pass, left)
+                  if shared else int(n) for d, n in zip(candidates, alone, strict=True)}
         drawn = max(bought, key=lambda d: (bought[d], -d))  # the most masks; of equals, the first seed
         count = bought[drawn]
         if kind == "screening" or (whole and count >= whole - 1):  # resolution IV, or all but one mask
