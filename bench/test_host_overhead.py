@@ -21,6 +21,7 @@ attention's rows sum to one over the keys, norm-based attention's are positive w
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -65,30 +66,44 @@ def test_generation_beside_its_forward(benchmark, length, method):
         pytest.skip("timed runs only (--benchmark-enable); the smoke run checks the 2,048 row's readings")
     steps = STEPS if enabled else SMOKE_STEPS
     length = length if enabled else SMOKE_LENGTH
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        made = byte_tokenizer(length)
-        model = llama(made, length)
-        prompt, prompt_ids, continuation = sequence(made, length, steps)
-        ids = torch.tensor([prompt_ids + continuation])
-
-        def forward():
-            with torch.no_grad():
-                model(input_ids=ids, logits_to_keep=steps + 1)
-
-        def explain():
-            return normx.explain_generation(model, made, prompt, method=method, target=continuation)
-
-        result, baseline, _ = timed_rounds(benchmark, explain, forward, torch.device("cpu"), ROUNDS,
-                                                 min_time=MIN_TIME, max_rounds=MAX_ROUNDS)
-        _check(result, model, prompt_ids + continuation, method)
+    with _one_thread():
+        result, baseline, model, made, prompt, ids = _timed_generation(benchmark, length, steps, method)
+        _check(result, model, ids, method)
         start = time.perf_counter()
         made(prompt)
         _record(benchmark, baseline, level="host_overhead", case="generation", model="tiny Llama", method=method,
-                tokens=int(ids.shape[1]), steps=steps, tokenize_s=time.perf_counter() - start)
+                tokens=len(ids), steps=steps, tokenize_s=time.perf_counter() - start)
+
+
+@contextmanager
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
     finally:
         torch.set_num_threads(threads)
+
+
+def _timed_generation(benchmark, length: int, steps: int, method: str) -> tuple:
+    """(the explanation, the forward's timings, the tiny Llama, its tokenizer, the prompt, the prompt's ids and the
+    continuation's): ``method`` explaining the last ``steps`` of ``length`` tokens, timed alternately with the model's
+    own forward over them with the logits those steps need."""
+    made = byte_tokenizer(length)
+    model = llama(made, length)
+    prompt, prompt_ids, continuation = sequence(made, length, steps)
+    ids = torch.tensor([prompt_ids + continuation])
+
+    def forward():
+        with torch.no_grad():
+            model(input_ids=ids, logits_to_keep=steps + 1)
+
+    def explain():
+        return normx.explain_generation(model, made, prompt, method=method, target=continuation)
+
+    result, baseline, _ = timed_rounds(benchmark, explain, forward, torch.device("cpu"), ROUNDS, min_time=MIN_TIME,
+                                       max_rounds=MAX_ROUNDS)
+    return result, baseline, model, made, prompt, prompt_ids + continuation
 
 
 BUDGETED = (320, 2048)  # budgeted's timed lengths: a short prompt, where its plan on the host weighs most, and a long
@@ -104,23 +119,8 @@ def test_budgeted_beside_its_forward(benchmark, length):
     if not benchmark.enabled and length != BUDGETED[0]:
         pytest.skip("timed runs only (--benchmark-enable); the smoke run checks the first length's scores")
     steps = STEPS if benchmark.enabled else SMOKE_STEPS
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        made = byte_tokenizer(length)
-        model = llama(made, length)
-        prompt, prompt_ids, continuation = sequence(made, length, steps)
-        ids = torch.tensor([prompt_ids + continuation])
-
-        def forward():
-            with torch.no_grad():
-                model(input_ids=ids, logits_to_keep=steps + 1)
-
-        def explain():
-            return normx.explain_generation(model, made, prompt, method="budgeted", target=continuation)
-
-        result, baseline, _ = timed_rounds(benchmark, explain, forward, torch.device("cpu"), ROUNDS,
-                                           min_time=MIN_TIME, max_rounds=MAX_ROUNDS)
+    with _one_thread():
+        result, baseline, _, _, _, ids = _timed_generation(benchmark, length, steps, "budgeted")
         settings = result.settings
         assert settings["passes"] <= 6 and settings["masks"] == len(settings["design"]) - 1
         spans = settings["source_spans"]
@@ -132,15 +132,11 @@ def test_budgeted_beside_its_forward(benchmark, length):
         want = surrogate(np.array(settings["design"], bool), np.array(settings["outcomes"]))
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
         _record(benchmark, baseline, level="host_overhead", case="generation", model="tiny Llama", method="budgeted",
-                tokens=int(ids.shape[1]), steps=steps, masks=settings["masks"], passes=settings["passes"])
-    finally:
-        torch.set_num_threads(threads)
+                tokens=len(ids), steps=steps, masks=settings["masks"], passes=settings["passes"])
 
 
 def test_classification_beside_its_forward(benchmark):
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with _one_thread():
         model, tokenizer, text = classifier()
 
         def forward():
@@ -164,8 +160,6 @@ def test_classification_beside_its_forward(benchmark):
         _record(benchmark, baseline, level="host_overhead", case="classification", model="tiny BERT",
                 method="normxlogit",
                 tokens=CLASSIFICATION_TOKENS, steps=0)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _record(benchmark, baseline: list[float], **info) -> None:
