@@ -120,17 +120,37 @@ def _plan_by_hand(sources, prompt_length, steps, budget, seed, costs, per_pass):
     raise AssertionError("unreachable")
 
 
-@pytest.mark.parametrize(("sizes", "prompt_length", "budget", "seed"), [
-    ((30, 25, 40, 35, 30, 28, 32), 300, 6.0, 0), ((150,) * 8, 1250, 6.0, 1), ((20,) * 12, 300, 6.0, 0),
-    ((60, 10, 90, 40, 120), 400, 12.0, 2), ((25,) * 10, 300, 2.0, 0), ((5, 7, 9), 60, 24.0, 0)])
-def test_the_plan_is_the_candidate_that_buys_the_most(sizes, prompt_length, budget, seed):
-    costs = planning.Costs(2e8, 5e7, 7e4)
+PLANS = [((30, 25, 40, 35, 30, 28, 32), 300, 6.0, 0), ((150,) * 8, 1250, 6.0, 1), ((20,) * 12, 300, 6.0, 0),
+         ((60, 10, 90, 40, 120), 400, 12.0, 2), ((25,) * 10, 300, 2.0, 0), ((5, 7, 9), 60, 24.0, 0)]
+COSTS = planning.Costs(2e8, 5e7, 7e4)
+
+
+def _laid_out(sizes) -> list[list[int]]:
     sources, at = [], 4
     for size in sizes:
         sources.append(list(range(at, at + size)))
         at += size + 1
+    return sources
+
+
+@pytest.mark.parametrize(("sizes", "prompt_length", "budget", "seed"), PLANS)
+def test_the_plan_is_the_candidate_that_buys_the_most(sizes, prompt_length, budget, seed):
+    costs = COSTS
+    sources = _laid_out(sizes)
     want = _plan_by_hand(sources, prompt_length, 8, budget, seed, costs, 8)
     got = planning.plan_masks(sources, prompt_length, 8, budget, seed, True, costs, 8)
     np.testing.assert_array_equal(got, want)
     got[:] = ~got  # (the plan is the caller's: the designs kept for the next plan are not changed by it)
     np.testing.assert_array_equal(planning.plan_masks(sources, prompt_length, 8, budget, seed, True, costs, 8), want)
+
+
+@pytest.mark.parametrize(("sizes", "prompt_length", "budget", "seed"), PLANS)
+def test_whether_a_plan_buys_more_masks_is_told_without_the_plan(sizes, prompt_length, budget, seed):
+    """The groups' bisection asks only whether a plan buys more masks than a number (``buys_more``, which stops at the
+    first candidate that does): its answer is the whole plan's, on either side of a resolution IV design's size."""
+    sources = _laid_out(sizes)
+    bought = len(planning.plan_masks(sources, prompt_length, 8, budget, seed, True, COSTS, 8))
+    whole = designs.block(len(sources), "fold_over")
+    for than in sorted({1, 2, bought - 1, bought, bought + 1, whole - 2, whole - 1, whole} - {0, -1, -2}):
+        got = planning.buys_more(sources, than, prompt_length, 8, budget, seed, COSTS, 8)
+        assert got == (bought > than), (than, bought)

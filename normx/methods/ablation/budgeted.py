@@ -48,6 +48,7 @@ from normx.methods.ablation.forwards import outcomes
 from normx.methods.ablation.planning import (
     SPEND,
     Costs,
+    buys_more,
     masks_cost,
     plan_masks,
     shared_prior_cost,
@@ -189,20 +190,17 @@ def _grouped(ctx: ResponseContext, sources: list[list[int]], costs: Costs, per_p
     if ctx.options["coarse"] == "none" or bought > len(sources) or len(sources) < 3:
         return None
     budget, seed = budget_value(ctx.options["budget"]), ctx.options["seed"]
-    plans: dict[int, np.ndarray] = {}
 
-    def planned(count: int) -> np.ndarray:
-        if count not in plans:
-            merged = _merged(sources, coarse(sources, count))
-            plans[count] = plan_masks(merged, ctx.prompt_length, ctx.steps, budget, seed, True, costs, per_pass,
-                                      spent)
-        return plans[count]
+    def merged(count: int) -> list[list[int]]:
+        return _merged(sources, coarse(sources, count))
 
     low, high = 2, len(sources) - 1  # (two groups: the least a surrogate can split)
     while low < high:  # (bisection: the most groups whose plan buys more masks than groups)
         middle = (low + high + 1) // 2
-        low, high = (middle, high) if len(planned(middle)) > middle else (low, middle - 1)
-    return coarse(sources, low), planned(low)
+        more = buys_more(merged(middle), middle, ctx.prompt_length, ctx.steps, budget, seed, costs, per_pass, spent)
+        low, high = (middle, high) if more else (low, middle - 1)
+    return coarse(sources, low), plan_masks(merged(low), ctx.prompt_length, ctx.steps, budget, seed, True, costs,
+                                            per_pass, spent)
 
 
 def _prior(ctx: ResponseContext, sources: list[list[int]], costs: Costs, per_pass: int

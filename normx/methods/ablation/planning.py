@@ -100,16 +100,16 @@ def masks_cost(sources: list[list[int]], masks: np.ndarray, prompt_length: int, 
 
 
 def _together(sources: list[list[int]], masks: np.ndarray, every: list, prompt_length: int, steps: int,
-              costs: Costs, per_pass: int) -> float:
+              costs: Costs, per_pass: int, known: dict | None = None) -> float:
     """:func:`masks_cost` on a cut cache, from the masks' runs ``every`` (:func:`normx.methods.ablation.stems.runs`:
-    a mask's run is its own, whatever the other masks)."""
+    a mask's run is its own, whatever the other masks); ``known``: :func:`normx.methods.ablation.stems.stems`'s."""
     found = [run for run in every if not run.anew]
-    chosen = stems.stems(found, CALL_ROWS / per_pass, CALL_ROWS)
+    chosen = stems.stems(found, CALL_ROWS / per_pass, CALL_ROWS, known)
     into = {i: len(stem.kept) for stem in chosen for i in stem.members}
     plain = costs.plain(prompt_length + steps)
     anew = [run.mask for run in every if run.anew]  # (run whole)
     work = float(mask_costs(sources, np.asarray(masks)[anew], prompt_length, steps, True, costs, per_pass).sum()
-                 ) * plain
+                 ) * plain if anew else 0.0
     work += len(found) * steps * costs.head + -(-len(chosen) // per_pass) * CALL_ROWS * costs.body  # (stems' passes)
     stem_rows = [(stem.start, range(len(stem.kept))) for stem in chosen]
     leaf_rows = [(run.start + into.get(i, 0), range(len(run.kept) - into.get(i, 0) + steps))
@@ -132,23 +132,65 @@ def plan_masks(sources: list[list[int]], prompt_length: int, steps: int, budget:
     15-16 masks, and lost to it below. Of :data:`CANDIDATES` equally good designs (seeds ``seed * CANDIDATES`` on),
     the one whose masks buy the most (of equals, the first seed): which sources a design removes first decides what
     its masks cost. Each candidate's masks are counted alone (:func:`_alone`: every candidate's at once), then
-    together (:func:`_grown`, :func:`masks_cost`: their shared stems run once, each pass's attention as it reads it),
-    one more or one fewer until they fit. ``spent``: passes the budget has paid for already (a prior's reading). On
-    the host a plan is still tens of milliseconds (each candidate's stems at each count it tries): on a card, several
-    forward passes (docs/context.md, "On a card")."""
+    together (:class:`_Counted`, :func:`masks_cost`: their shared stems run once, each pass's attention as it reads
+    it), one more or one fewer until they fit, where the candidate could still be the one kept (:func:`_most`).
+    ``spent``: passes the budget has paid for already (a prior's reading). On the host a plan is still milliseconds
+    (the stems of the candidates that could win, at each count tried): on a card, a forward pass or more
+    (docs/context.md, "On a card")."""
     k = len(sources)
     left = SPEND * budget - spent - whole_cost(prompt_length, steps, costs)
-    candidates = np.arange(seed * CANDIDATES, (seed + 1) * CANDIDATES)
     whole = designs.block(k, "fold_over")
-    for kind in ("fold_over", "screening"):
-        alone = _alone(sources, kind, candidates, prompt_length, steps, shared, costs, per_pass, left)
-        bought = {int(d): _grown(sources, kind, int(d), int(n), prompt_length, steps, costs, per_pass, left)
-                  if shared else int(n) for d, n in zip(candidates, alone, strict=True)}
-        drawn = max(bought, key=lambda d: (bought[d], -d))  # the most masks; of equals, the first seed
-        count = bought[drawn]
-        if kind == "screening" or (whole and count >= whole - 1):  # resolution IV, or all but one mask
+    for kind, need in (("fold_over", whole - 1), ("screening", 0)):
+        if kind == "fold_over" and not whole:
+            continue  # (no resolution IV design for these sources)
+        found = _most(sources, kind, seed, prompt_length, steps, shared, costs, per_pass, left, need)
+        if found is not None:  # (a resolution IV design, or all but one mask; else the screening design's)
+            drawn, count = found
             return designs.masks(k, count, drawn, kind)
     raise AssertionError("unreachable")
+
+
+def buys_more(sources: list[list[int]], than: int, prompt_length: int, steps: int, budget: float, seed: int,
+              costs: Costs, per_pass: int = 1, spent: float = 0.0) -> bool:
+    """Whether :func:`plan_masks` on a cut cache buys more than ``than`` masks (at least 2 sources), without finding
+    which candidate buys the most: a whole resolution IV design (or all but one of its masks) is more masks than
+    sources, else the first candidate whose screening masks number more than ``than`` answers."""
+    left = SPEND * budget - spent - whole_cost(prompt_length, steps, costs)
+    whole = designs.block(len(sources), "fold_over")
+
+    def reached(kind: str, need: int) -> bool:
+        return _most(sources, kind, seed, prompt_length, steps, True, costs, per_pass, left, need, True) is not None
+
+    if whole and reached("fold_over", max(whole - 1, than + 1)):
+        return True
+    if whole and whole - 1 <= than and reached("fold_over", whole - 1):
+        return False  # (the plan is a resolution IV design of no more masks than that)
+    return reached("screening", than + 1)
+
+
+def _most(sources: list[list[int]], kind: str, seed: int, prompt_length: int, steps: int, shared: bool,
+          costs: Costs, per_pass: int, left: float, need: int, first: bool = False) -> tuple[int, int] | None:
+    """``(seed, masks)`` of the candidate design of this kind that buys the most masks, at least ``need`` (of equals,
+    the first seed; ``first``: the first found with at least ``need``), or None where none buys ``need``. Counted
+    alone first (:func:`_alone`); on a cut cache (``shared``) then together (:class:`_Counted`), in the order of
+    the counts alone, only where a candidate could still win: a count above its count alone is reached only through
+    counts that fit (:meth:`_Counted.grown`), so where one mask more does not fit, it buys no more than that."""
+    candidates = np.arange(seed * CANDIDATES, (seed + 1) * CANDIDATES)
+    alone = _alone(sources, kind, candidates, prompt_length, steps, shared, costs, per_pass, left)
+    best: tuple[int, int] | None = None  # (masks, seed)
+    for i in sorted(range(len(candidates)), key=lambda i: (-int(alone[i]), int(candidates[i]))):
+        drawn, count = int(candidates[i]), int(alone[i])
+        if shared:
+            wins = need if best is None else max(need, best[0] + (drawn > best[1]))  # (the masks that would win)
+            counted = _Counted(sources, kind, drawn, prompt_length, steps, costs, per_pass, left)
+            if count < wins and not counted.fits(count + 1):
+                continue
+            count = counted.grown(count)
+        if count >= need and (best is None or (count, -drawn) > (best[0], -best[1])):
+            best = (count, drawn)
+            if first:
+                break
+    return None if best is None else (best[1], best[0])
 
 
 def _alone(sources: list[list[int]], kind: str, candidates: np.ndarray, prompt_length: int, steps: int, shared: bool,
@@ -175,29 +217,38 @@ def _alone(sources: list[list[int]], kind: str, candidates: np.ndarray, prompt_l
         size *= 4
 
 
-def _grown(sources: list[list[int]], kind: str, drawn: int, count: int, prompt_length: int, steps: int,
-           costs: Costs, per_pass: int, left: float) -> int:
-    """The masks of design ``drawn`` that fit counted together (:func:`masks_cost`), from the ``count`` that fit
-    counted alone."""
-    k = len(sources)
-    found, every = np.zeros((0, k), bool), []
-    known: dict[int, bool] = {}
+class _Counted:
+    """Design ``drawn``'s first masks counted together (:func:`masks_cost`) against ``left`` passes, each count once."""
 
-    def fits(n: int) -> bool:
-        nonlocal found, every
-        if n not in known:
-            if n > len(found):  # (the masks' runs, a block at a time: a mask's run is its own)
-                found = designs.masks(k, min(max(2 * n, n + 8), MAX_MASKS), drawn, kind)
-                every = stems.runs(sources, found, prompt_length)
-            known[n] = _together(sources, found[:n], [run for run in every if run.mask < n], prompt_length, steps,
-                                 costs, per_pass) <= left
-        return known[n]
+    def __init__(self, sources: list[list[int]], kind: str, drawn: int, prompt_length: int, steps: int, costs: Costs,
+                 per_pass: int, left: float):
+        self.sources, self.kind, self.drawn, self.left = sources, kind, drawn, left
+        self.prompt_length, self.steps, self.costs, self.per_pass = prompt_length, steps, costs, per_pass
+        self.found, self.every = np.zeros((0, len(sources)), bool), []
+        self.known: dict[int, bool] = {}
+        self.nodes: dict = {}  # (the stems' best nodes by the runs they are found for: the first n runs of ``every``)
 
-    while count < MAX_MASKS and fits(count + 1) and count + 1 <= len(found):
-        count += 1
-    while count > MIN_ABLATIONS and not fits(count):
-        count -= 1
-    return count
+    def fits(self, n: int) -> bool:
+        """Whether the first ``n`` masks (those there are, where there are fewer) fit."""
+        if n not in self.known:
+            if n > len(self.found):  # (the masks' runs, a block at a time: a mask's run is its own)
+                self.found = designs.masks(len(self.sources), min(n + 4, MAX_MASKS), self.drawn,
+                                           self.kind)
+                self.every = stems.runs(self.sources, self.found, self.prompt_length)
+                self.nodes = {}
+            self.known[n] = _together(self.sources, self.found[:n], [run for run in self.every if run.mask < n],
+                                      self.prompt_length, self.steps, self.costs, self.per_pass, self.nodes
+                                      ) <= self.left
+        return self.known[n]
+
+    def grown(self, count: int) -> int:
+        """The masks that fit counted together, from the ``count`` that fit counted alone: one more while it fits,
+        else one fewer until they fit."""
+        while count < MAX_MASKS and self.fits(count + 1) and count + 1 <= len(self.found):
+            count += 1
+        while count > MIN_ABLATIONS and not self.fits(count):
+            count -= 1
+        return count
 
 
 def whole_cost(prompt_length: int, steps: int, costs: Costs) -> float:

@@ -52,29 +52,39 @@ def runs(sources: list[list[int]], keeps: np.ndarray, prompt_length: int) -> lis
     """The run of each mask of ``keeps`` (bool [masks, sources]) that removes a token; a mask keeping every source
     has none."""
     owner = np.full(prompt_length, -1)
-    for j, members in enumerate(sources):
-        owner[members] = j
+    sizes = [len(members) for members in sources]
+    if sum(sizes):
+        owner[np.concatenate([np.asarray(members, np.int64) for members in sources])] = np.repeat(
+            np.arange(len(sources)), sizes)
     keeps = np.asarray(keeps, bool)
     kept = (owner[None] < 0) | keeps[:, np.maximum(owner, 0)]  # [masks, prompt]
     masks = np.flatnonzero(~kept.all(1))
     starts = np.argmin(kept[masks], axis=1)  # (each mask's first removed token)
     after = kept[masks] & (np.arange(prompt_length)[None] >= starts[:, None])
     rows, positions = np.nonzero(after)  # (row-major: each mask's kept positions, ascending)
-    ends = np.cumsum(np.bincount(rows, minlength=len(masks)))
-    return [Run(int(m), int(start), kept_from) for m, start, kept_from in
-            zip(masks, starts, np.split(positions, ends[:-1]), strict=True)]
+    ends = np.cumsum(np.bincount(rows, minlength=len(masks))).tolist()
+    return [Run(int(m), int(start), positions[a:b]) for m, start, a, b in
+            zip(masks.tolist(), starts.tolist(), [0, *ends[:-1]], ends, strict=True)]
 
 
-def stems(found: list[Run], share: float, call: float) -> list[Stem]:
+def stems(found: list[Run], share: float, call: float, known: dict | None = None) -> list[Stem]:
     """The stems worth running for ``found`` (see the module's docstring): each a node of the runs' trie, no run in
-    two; none where what they save is no more than ``call`` rows (the pass they add)."""
+    two; none where what they save is no more than ``call`` rows (the pass they add). ``known``: the best nodes of
+    each first removed token's runs found before, by their indices in ``found``, for a caller that counts the first
+    masks of one design again and again (its runs the first of the same list: a run's nodes are its runs' own)."""
     by_start: dict[int, list[int]] = {}
     for i, run in enumerate(found):
         by_start.setdefault(run.start, []).append(i)
     chosen: list[Stem] = []
     saved = 0.0
     for start, members in by_start.items():
-        value, picks = _best(found, members, 0, share)
+        if known is None:
+            value, picks = _best(found, members, 0, share)
+        else:
+            key = (share, *members)
+            if key not in known:
+                known[key] = _best(found, members, 0, share)
+            value, picks = known[key]
         if value > 0:
             saved += value
             chosen += [Stem(start, found[members_[0]].kept[:depth], tuple(members_)) for members_, depth in picks]
