@@ -191,16 +191,19 @@ def _grouped(ctx: ResponseContext, sources: list[list[int]], costs: Costs, per_p
         return None
     budget, seed = budget_value(ctx.options["budget"]), ctx.options["seed"]
 
+    counted: dict[int, dict] = {}  # (each number of groups' candidates counted so far)
+
     def merged(count: int) -> list[list[int]]:
         return _merged(sources, coarse(sources, count))
 
     low, high = 2, len(sources) - 1  # (two groups: the least a surrogate can split)
     while low < high:  # (bisection: the most groups whose plan buys more masks than groups)
         middle = (low + high + 1) // 2
-        more = buys_more(merged(middle), middle, ctx.prompt_length, ctx.steps, budget, seed, costs, per_pass, spent)
+        more = buys_more(merged(middle), middle, ctx.prompt_length, ctx.steps, budget, seed, costs, per_pass, spent,
+                         counted.setdefault(middle, {}))
         low, high = (middle, high) if more else (low, middle - 1)
     return coarse(sources, low), plan_masks(merged(low), ctx.prompt_length, ctx.steps, budget, seed, True, costs,
-                                            per_pass, spent)
+                                            per_pass, spent, counted.get(low))
 
 
 def _prior(ctx: ResponseContext, sources: list[list[int]], costs: Costs, per_pass: int

@@ -124,7 +124,7 @@ def _together(sources: list[list[int]], masks: np.ndarray, every: list, prompt_l
 
 
 def plan_masks(sources: list[list[int]], prompt_length: int, steps: int, budget: float, seed: int, shared: bool,
-               costs: Costs, per_pass: int = 1, spent: float = 0.0) -> np.ndarray:
+               costs: Costs, per_pass: int = 1, spent: float = 0.0, counted: dict | None = None) -> np.ndarray:
     """The masks :data:`SPEND` of the budget buys after the whole pass (at least :data:`MIN_ABLATIONS`): resolution IV
     designs where one fits, or all but one of its masks (:func:`normx.methods.ablation.designs.masks`,
     ``"fold_over"``), else a resolution III design and as many of its rows' complements as fit (``"screening"``):
@@ -134,16 +134,17 @@ def plan_masks(sources: list[list[int]], prompt_length: int, steps: int, budget:
     its masks cost. Each candidate's masks are counted alone (:func:`_alone`: every candidate's at once), then
     together (:class:`_Counted`, :func:`masks_cost`: their shared stems run once, each pass's attention as it reads
     it), one more or one fewer until they fit, where the candidate could still be the one kept (:func:`_most`).
-    ``spent``: passes the budget has paid for already (a prior's reading). On the host a plan is still milliseconds
-    (the stems of the candidates that could win, at each count tried): on a card, a forward pass or more
-    (docs/context.md, "On a card")."""
+    ``spent``: passes the budget has paid for already (a prior's reading); ``counted``: the candidates counted
+    together so far for these sources and this budget (:func:`buys_more`'s), kept by the caller. On the host a
+    plan is still milliseconds (the stems of the candidates that could win, at each count tried): on a card, a
+    forward pass or more (docs/context.md, "On a card")."""
     k = len(sources)
     left = SPEND * budget - spent - whole_cost(prompt_length, steps, costs)
     whole = designs.block(k, "fold_over")
     for kind, need in (("fold_over", whole - 1), ("screening", 0)):
         if kind == "fold_over" and not whole:
             continue  # (no resolution IV design for these sources)
-        found = _most(sources, kind, seed, prompt_length, steps, shared, costs, per_pass, left, need)
+        found = _most(sources, kind, seed, prompt_length, steps, shared, costs, per_pass, left, need, counted=counted)
         if found is not None:  # (a resolution IV design, or all but one mask; else the screening design's)
             drawn, count = found
             return designs.masks(k, count, drawn, kind)
@@ -151,15 +152,17 @@ def plan_masks(sources: list[list[int]], prompt_length: int, steps: int, budget:
 
 
 def buys_more(sources: list[list[int]], than: int, prompt_length: int, steps: int, budget: float, seed: int,
-              costs: Costs, per_pass: int = 1, spent: float = 0.0) -> bool:
+              costs: Costs, per_pass: int = 1, spent: float = 0.0, counted: dict | None = None) -> bool:
     """Whether :func:`plan_masks` on a cut cache buys more than ``than`` masks (at least 2 sources), without finding
     which candidate buys the most: a whole resolution IV design (or all but one of its masks) is more masks than
-    sources, else the first candidate whose screening masks number more than ``than`` answers."""
+    sources, else the first candidate whose screening masks number more than ``than`` answers. ``counted``: as
+    :func:`plan_masks`' (the plan for the same sources can then go on from what this counted)."""
     left = SPEND * budget - spent - whole_cost(prompt_length, steps, costs)
     whole = designs.block(len(sources), "fold_over")
 
     def reached(kind: str, need: int) -> bool:
-        return _most(sources, kind, seed, prompt_length, steps, True, costs, per_pass, left, need, True) is not None
+        return _most(sources, kind, seed, prompt_length, steps, True, costs, per_pass, left, need, True,
+                     counted) is not None
 
     if whole and reached("fold_over", max(whole - 1, than + 1)):
         return True
@@ -169,12 +172,16 @@ def buys_more(sources: list[list[int]], than: int, prompt_length: int, steps: in
 
 
 def _most(sources: list[list[int]], kind: str, seed: int, prompt_length: int, steps: int, shared: bool,
-          costs: Costs, per_pass: int, left: float, need: int, first: bool = False) -> tuple[int, int] | None:
+          costs: Costs, per_pass: int, left: float, need: int, first: bool = False, counted: dict | None = None
+          ) -> tuple[int, int] | None:
     """``(seed, masks)`` of the candidate design of this kind that buys the most masks, at least ``need`` (of equals,
     the first seed; ``first``: the first found with at least ``need``), or None where none buys ``need``. Counted
     alone first (:func:`_alone`); on a cut cache (``shared``) then together (:class:`_Counted`), in the order of
     the counts alone, only where a candidate could still win: a count above its count alone is reached only through
-    counts that fit (:meth:`_Counted.grown`), so where one mask more does not fit, it buys no more than that."""
+    counts that fit (:meth:`_Counted.grown`), so where one mask more does not fit, it buys no more than that; and
+    one fewer at a time only down to the count that would win. ``counted``: the :class:`_Counted` by kind and seed
+    (this call's where None)."""
+    counted = {} if counted is None else counted
     candidates = np.arange(seed * CANDIDATES, (seed + 1) * CANDIDATES)
     alone = _alone(sources, kind, candidates, prompt_length, steps, shared, costs, per_pass, left)
     best: tuple[int, int] | None = None  # (masks, seed)
@@ -182,10 +189,13 @@ def _most(sources: list[list[int]], kind: str, seed: int, prompt_length: int, st
         drawn, count = int(candidates[i]), int(alone[i])
         if shared:
             wins = need if best is None else max(need, best[0] + (drawn > best[1]))  # (the masks that would win)
-            counted = _Counted(sources, kind, drawn, prompt_length, steps, costs, per_pass, left)
-            if count < wins and not counted.fits(count + 1):
+            design = counted.get((kind, drawn))
+            if design is None:
+                design = counted[kind, drawn] = _Counted(sources, kind, drawn, prompt_length, steps, costs, per_pass,
+                                                         left)
+            if count < wins and not design.fits(count + 1):
                 continue
-            count = counted.grown(count)
+            count = design.grown(count, wins)  # (below ``wins``: it does not win, whatever it buys)
         if count >= need and (best is None or (count, -drawn) > (best[0], -best[1])):
             best = (count, drawn)
             if first:
@@ -241,12 +251,12 @@ class _Counted:
                                       ) <= self.left
         return self.known[n]
 
-    def grown(self, count: int) -> int:
+    def grown(self, count: int, least: int = 0) -> int:
         """The masks that fit counted together, from the ``count`` that fit counted alone: one more while it fits,
-        else one fewer until they fit."""
+        else one fewer until they fit; less than ``least`` (one less) where none from ``least`` up does."""
         while count < MAX_MASKS and self.fits(count + 1) and count + 1 <= len(self.found):
             count += 1
-        while count > MIN_ABLATIONS and not self.fits(count):
+        while count > MIN_ABLATIONS and count >= least and not self.fits(count):
             count -= 1
         return count
 
