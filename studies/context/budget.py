@@ -62,6 +62,27 @@ def layout(example, how: str) -> tuple[str, list[tuple[int, int]]]:
     return text + tail.format(query=example.query), spans
 
 
+def laid_out(model, tokenizer, example, how: str) -> tuple[str, list[int], list[tuple[int, int]], list[int]]:
+    """(the prompt, its ids, each source's token span, SmolLM2's greedy answer: 8 new tokens, the end-of-text token
+    left out; empty where the model ends its answer at once)."""
+    import torch
+
+    prompt, chars = layout(example, how)
+    encoded = tokenizer(prompt, return_offsets_mapping=True)
+    ids, offsets = list(encoded["input_ids"]), encoded["offset_mapping"]
+    spans = []
+    for a, b in chars:
+        inside = [i for i, (x, y) in enumerate(offsets) if y > x and a <= y - 1 < b]
+        spans.append((inside[0], inside[-1] + 1))
+    with torch.no_grad():
+        out = model.generate(input_ids=torch.tensor([ids]), attention_mask=torch.ones_like(torch.tensor([ids])),
+                             max_new_tokens=8, do_sample=False, pad_token_id=tokenizer.eos_token_id)
+    response = out[0, len(ids):].tolist()
+    while response and response[-1] == tokenizer.eos_token_id:
+        response.pop()
+    return prompt, ids, spans, response
+
+
 def parse(spec: str) -> tuple[str, dict]:
     name, _, rest = spec.partition(":")
     options = {}
@@ -121,19 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     for example in examples:
         if args.retime != (example.id in done and all(s in done[example.id]["methods"] for s in specs)):
             continue  # (retiming: only the contexts recorded with every method asked for)
-        prompt, chars = layout(example, args.layout)
-        encoded = tokenizer(prompt, return_offsets_mapping=True)
-        ids, offsets = list(encoded["input_ids"]), encoded["offset_mapping"]
-        spans = []
-        for a, b in chars:
-            inside = [i for i, (x, y) in enumerate(offsets) if y > x and a <= y - 1 < b]
-            spans.append((inside[0], inside[-1] + 1))
-        with torch.no_grad():
-            out = model.generate(input_ids=torch.tensor([ids]), attention_mask=torch.ones_like(torch.tensor([ids])),
-                                 max_new_tokens=8, do_sample=False, pad_token_id=tokenizer.eos_token_id)
-        response = out[0, len(ids):].tolist()
-        while response and response[-1] == tokenizer.eos_token_id:
-            response.pop()
+        prompt, ids, spans, response = laid_out(model, tokenizer, example, args.layout)
         if not response:  # the model ended its answer at once: no outcome to remove sources from
             print(f"{example.id}: the model answered nothing; left out", flush=True)
             continue

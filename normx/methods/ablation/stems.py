@@ -56,15 +56,16 @@ def runs(sources: list[list[int]], keeps: np.ndarray, prompt_length: int) -> lis
     if sum(sizes):
         owner[np.concatenate([np.asarray(members, np.int64) for members in sources])] = np.repeat(
             np.arange(len(sources)), sizes)
-    keeps = np.asarray(keeps, bool)
-    kept = (owner[None] < 0) | keeps[:, np.maximum(owner, 0)]  # [masks, prompt]
-    masks = np.flatnonzero(~kept.all(1))
-    starts = np.argmin(kept[masks], axis=1)  # (each mask's first removed token)
-    after = kept[masks] & (np.arange(prompt_length)[None] >= starts[:, None])
-    rows, positions = np.nonzero(after)  # (row-major: each mask's kept positions, ascending)
-    ends = np.cumsum(np.bincount(rows, minlength=len(masks))).tolist()
+    keeps = np.asarray(keeps, bool).reshape(-1, len(sources))
+    masks = np.flatnonzero((~keeps[:, np.asarray(sizes) > 0]).any(1))  # (those removing a token)
+    kept = (owner[None] < 0) | keeps[masks][:, np.maximum(owner, 0)]  # [masks, prompt]
+    starts = np.argmin(kept, axis=1)  # (each mask's first removed token)
+    after = kept & (np.arange(prompt_length)[None] >= starts[:, None])
+    flat = np.flatnonzero(after)  # (row-major: each mask's kept positions, ascending)
+    positions = flat % prompt_length if prompt_length else flat
+    ends = np.cumsum(after.sum(1)).tolist()
     return [Run(int(m), int(start), positions[a:b]) for m, start, a, b in
-            zip(masks.tolist(), starts.tolist(), [0, *ends[:-1]], ends, strict=True)]
+            zip(masks.tolist(), starts.tolist(), [0, *ends][:-1], ends, strict=True)]
 
 
 def stems(found: list[Run], share: float, call: float, known: dict | None = None) -> list[Stem]:

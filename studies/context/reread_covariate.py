@@ -1,0 +1,177 @@
+"""Whether re-read ablations pay for the real masks they displace in ``budgeted`` (#56), without running its masks
+again: for contexts a run of :mod:`studies.context.budget` recorded (``budgeted``'s design, its masks' outcomes,
+what it counted, and the context's 32 real removals), the design's masks and ``--extra`` more (a fold-over design,
+seed 1000) are re-read on one cache from the context's end (the question's rows and the response's, every removed
+source hidden from them and the positions closed up: :func:`normx.methods.decoder.rereads.masked_rereads`; a
+Spearman of about 0.83 with the real outcomes, docs/context.md). Then refitted:
+
+- ``budgeted`` as it fits (:func:`normx.methods.ablation.budgeted.surrogate`: Huber's loss on the log of the loss);
+- *the covariate fit*: each real mask's log-loss regressed on its own re-read log-loss and on the masks (a ridge
+  ``--lambda`` on the sources' corrections only); a source's weight is the slope times its weight in the surrogate of
+  every re-read (Huber's, on the log of the loss), plus its correction: the re-reads' surrogate, corrected by the
+  real masks where it is off;
+- the same *paid for*: the design's last real masks left out until their cost (what the run counted per mask)
+  covers the re-reads' (SmolLM2's work per token, :class:`normx.methods.ablation.planning.Costs`: each re-read its
+  rows, their attention to every key, the head at the response, a share of its pass), as a budget would spend it.
+
+Each LDS against the context's 32 real removals, paired with ``budgeted``'s and ContextCite-32's::
+
+    python -m studies.context.reread_covariate --records FILE [FILE ...] --layout passages --split heldout \\
+        --data DATA --out FILE.jsonl   # FILE.jsonl: the re-read outcomes (resumable); FILE.jsonl.md the table
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+
+from studies.settings import add_data_option, data_folder, provenance
+
+SPEC = "budgeted:seed=0"  # the recorded runs whose design is the default's (the fit does not choose the masks)
+EXTRA_SEED = 1000
+PER_PASS = 8  # re-reads batched a pass (masked_rereads' batch size)
+
+
+def covariate(masks: np.ndarray, real: np.ndarray, reread: np.ndarray, reread_weights: np.ndarray,
+              strength: float) -> np.ndarray:
+    """The sources' weights (on the log of the loss, as :func:`~normx.methods.ablation.budgeted.fit`'s) from the real
+    masks' outcomes ``real`` and their re-read outcomes ``reread`` (both the log of the loss, one per mask):
+    ``real ~ a + b * reread + masks @ d``, ``d`` shrunk by a ridge ``strength``; the weights ``b * reread_weights +
+    d``."""
+    x = np.asarray(masks, np.float64)
+    design = np.hstack([np.ones((len(x), 1)), np.asarray(reread, np.float64)[:, None], x])
+    penalty = np.diag([0.0, 0.0] + [strength] * x.shape[1])
+    coef = np.linalg.solve(design.T @ design + penalty, design.T @ np.asarray(real, np.float64))
+    return coef[1] * np.asarray(reread_weights) + coef[2:]
+
+
+def reread_cost(total: int, first_row: int, steps: int, costs) -> float:
+    """One re-read in plain forward passes: its rows (from ``first_row`` to the sequence's last but one), their
+    attention to every key before them, the head at the response's positions and its share of a pass's call."""
+    from normx.methods.ablation.prefix import CALL_ROWS
+
+    rows, keys = total - 1 - first_row, total - 1
+    work = rows * costs.body + costs.attention * rows * keys + steps * costs.head + CALL_ROWS / PER_PASS * costs.body
+    return work / costs.plain(total)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m studies.context.reread_covariate",
+                                     description=__doc__.split("\n\n")[0])
+    add_data_option(parser)
+    parser.add_argument("--records", type=Path, nargs="+", required=True, help="studies.context.budget's JSON lines")
+    parser.add_argument("--out", type=Path, required=True, help="the re-read outcomes (JSON lines, resumable); "
+                        "FILE.md the table")
+    parser.add_argument("--layout", default="passages")
+    parser.add_argument("--split", choices=("train", "heldout"), default="heldout")
+    parser.add_argument("--length", type=int, default=2000, help="as the records' run built its contexts")
+    parser.add_argument("--extra", type=int, nargs="+", default=[16, 32], help="re-read masks beside the design's")
+    parser.add_argument("--lambda", dest="strength", type=float, default=1.0)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args(argv)
+
+    import torch
+
+    import normx
+    from normx.core.handle import model_handle
+    from normx.data.contexts import context_examples
+    from normx.methods.ablation import designs
+    from normx.methods.decoder.rereads import masked_rereads
+    from studies.context.budget import laid_out
+
+    torch.set_num_threads(args.threads)
+    model, tokenizer = normx.load_model("smollm2")
+    handle = model_handle(model)
+    recorded = [json.loads(line) for file in args.records for line in file.read_text(encoding="utf-8").splitlines()]
+    recorded = [r for r in recorded if r.get("truth") and SPEC in r["methods"] and "contextcite@32" in r["methods"]]
+    examples = {e.id: e for e in context_examples(["qa", "claim"], args.split, args.length, 64, 0,
+                                                  data_folder(args.data))}
+    done = {}
+    if args.out.exists():
+        done = {r["id"]: r for r in map(json.loads, args.out.read_text(encoding="utf-8").splitlines())}
+    most = max(args.extra)
+    for record in recorded:
+        run = record["methods"][SPEC]
+        design = np.array(run["design"], bool)
+        if record["id"] in done or run.get("groups") or design.shape[1] != record["sources"]:
+            continue  # (done, or its sources are not the check's: groups, or sentences found otherwise)
+        _, ids, spans, response = laid_out(model, tokenizer, examples[record["id"]], args.layout)
+        if tokenizer.decode(response) != record["response"]:
+            raise RuntimeError(f"{record['id']}: the model answered {tokenizer.decode(response)!r}, recorded "
+                               f"{record['response']!r}")
+        extra = designs.masks(len(spans), most, EXTRA_SEED, "fold_over")
+        first_row = max(b for _, b in spans)
+        log_p, _ = masked_rereads(handle, ids + response, len(ids), [list(range(a, b)) for a, b in spans],
+                                  np.vstack([design, extra]), "reread_covariate", first_row, PER_PASS)
+        done[record["id"]] = {"id": record["id"], "tokens": len(ids) + len(response), "first_row": first_row,
+                              "steps": len(response), "extra": extra.astype(int).tolist(),
+                              "reread": log_p.sum(1).tolist()}
+        print(f"{record['id']}: {len(design) + len(extra)} re-reads", flush=True)
+        args.out.write_text("".join(json.dumps(r) + "\n" for r in done.values()), encoding="utf-8")
+    table = summary(recorded, done, args, model)
+    Path(str(args.out) + ".md").write_text(table, encoding="utf-8")
+    print(table)
+    return 0
+
+
+def summary(recorded: list[dict], done: dict, args, model) -> str:
+    from normx.evaluation.context import metrics
+    from normx.methods.ablation.budgeted import TINY_NLL, fit, surrogate
+    from normx.methods.ablation.planning import Costs, whole_cost
+
+    costs = Costs.of(model)
+
+    def log_loss(log_p) -> np.ndarray:
+        return np.log(np.maximum(-np.asarray(log_p, np.float64), TINY_NLL))
+
+    rows: dict[str, list[float]] = {}
+    for record in (r for r in recorded if r["id"] in done):
+        run, reread = record["methods"][SPEC], done[record["id"]]
+        design, real = np.array(run["design"], bool), np.array(run["outcomes"])
+        z, extra = np.array(reread["reread"]), np.array(reread["extra"], bool)
+        masks = metrics.lds_masks(record["sources"], len(record["truth"]), 0)
+        truth = np.array(record["truth"])
+
+        def lds(weights, masks=masks, truth=truth) -> float:
+            return metrics.lds(weights, masks, truth)
+
+        rows.setdefault("budgeted", []).append(lds(surrogate(design, real)))
+        rows.setdefault("ContextCite-32", []).append(record["methods"]["contextcite@32"]["lds"])
+        whole = whole_cost(reread["tokens"] - reread["steps"], reread["steps"], costs)
+        per_real = (run["passes"] - whole) / run["masks"]
+        per_reread = reread_cost(reread["tokens"], reread["first_row"], reread["steps"], costs)
+        for more in args.extra:
+            cut = 0
+            while (len(design) - cut + more) * per_reread > cut * per_real and cut < len(design) - 2:
+                cut += 1
+            for label, kept in (("free", len(design)), ("paid for", len(design) - cut)):
+                read = np.concatenate([z[:kept], z[len(design):len(design) + more]])
+                weights = fit(np.vstack([design[:kept], extra[:more]]), -log_loss(read))
+                found = covariate(design[:kept], -log_loss(real[:kept]), -log_loss(z[:kept]), weights, args.strength)
+                rows.setdefault(f"covariate, {more} more re-reads, {label}", []).append(lds(-real[0] * found))
+            rows.setdefault(f"real masks left out for {more} more", []).append(cut)
+    base, peer = np.array(rows["budgeted"]), np.array(rows["ContextCite-32"])
+    lines = [f"{len(base)} {args.split} contexts, layout `{args.layout}`, SmolLM2-135M-Instruct, ridge "
+             f"{args.strength}; provenance {provenance()['commit'][:10]}", "",
+             "| fit | LDS | − budgeted, paired (better / worse) | − ContextCite-32, paired |", "|---|---|---|---|"]
+    for name, values in rows.items():
+        v = np.array(values, np.float64)
+        if name.startswith("real masks"):
+            lines.append(f"| {name} | {v.mean():.2f} (mean) | | |")
+            continue
+        own, other = v - base, v - peer
+        lines.append(f"| {name} | {v.mean():.3f} ± {_error(v):.3f} | {own.mean():+.3f} ± {_error(own):.3f} "
+                     f"({(own > 0).sum()} / {(own < 0).sum()}) | {other.mean():+.3f} ± {_error(other):.3f} |")
+    return "\n".join(lines) + "\n"
+
+
+def _error(values: np.ndarray) -> float:
+    """The mean's standard error."""
+    return float(values.std(ddof=1) / np.sqrt(len(values))) if len(values) > 1 else 0.0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
