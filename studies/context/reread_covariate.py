@@ -30,7 +30,7 @@ import numpy as np
 
 from studies.settings import add_data_option, data_folder, provenance
 
-SPEC = "budgeted:seed=0"  # the recorded runs whose design is the default's (the fit does not choose the masks)
+SPEC = "budgeted:budget=6.0,seed=0"  # the label of the default call's runs on the passage files (17b522c on)
 EXTRA_SEED = 1000
 PER_PASS = 8  # re-reads batched a pass (masked_rereads' batch size)
 
@@ -70,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--length", type=int, default=2000, help="as the records' run built its contexts")
     parser.add_argument("--extra", type=int, nargs="+", default=[16, 32], help="re-read masks beside the design's")
     parser.add_argument("--lambda", dest="strength", type=float, default=1.0)
+    parser.add_argument("--spec", default=SPEC, help="the recorded budgeted runs read (their design and outcomes)")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)
 
@@ -86,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     model, tokenizer = normx.load_model("smollm2")
     handle = model_handle(model)
     recorded = [json.loads(line) for file in args.records for line in file.read_text(encoding="utf-8").splitlines()]
-    recorded = [r for r in recorded if r.get("truth") and SPEC in r["methods"] and "contextcite@32" in r["methods"]]
+    recorded = [r for r in recorded if r.get("truth") and args.spec in r["methods"]
+                and "contextcite@32" in r["methods"]]
     examples = {e.id: e for e in context_examples(["qa", "claim"], args.split, args.length, 64, 0,
                                                   data_folder(args.data))}
     done = {}
@@ -94,10 +96,13 @@ def main(argv: list[str] | None = None) -> int:
         done = {r["id"]: r for r in map(json.loads, args.out.read_text(encoding="utf-8").splitlines())}
     most = max(args.extra)
     for record in recorded:
-        run = record["methods"][SPEC]
+        run = record["methods"][args.spec]
         design = np.array(run["design"], bool)
-        if record["id"] in done or run.get("groups") or design.shape[1] != record["sources"]:
-            continue  # (done, or its sources are not the check's: groups, or sentences found otherwise)
+        have = done.get(record["id"], {})
+        if have.get("spec") == args.spec and len(have["extra"]) >= most:
+            continue  # (re-read already)
+        if run.get("groups") or design.shape[1] != record["sources"]:
+            continue  # (its sources are not the check's: groups, or sentences found otherwise)
         _, ids, spans, response = laid_out(model, tokenizer, examples[record["id"]], args.layout)
         if tokenizer.decode(response) != record["response"]:
             raise RuntimeError(f"{record['id']}: the model answered {tokenizer.decode(response)!r}, recorded "
@@ -106,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
         first_row = max(b for _, b in spans)
         log_p, _ = masked_rereads(handle, ids + response, len(ids), [list(range(a, b)) for a, b in spans],
                                   np.vstack([design, extra]), "reread_covariate", first_row, PER_PASS)
-        done[record["id"]] = {"id": record["id"], "tokens": len(ids) + len(response), "first_row": first_row,
+        done[record["id"]] = {"id": record["id"], "spec": args.spec, "tokens": len(ids) + len(response),
+                              "first_row": first_row,
                               "steps": len(response), "extra": extra.astype(int).tolist(),
                               "reread": log_p.sum(1).tolist()}
         print(f"{record['id']}: {len(design) + len(extra)} re-reads", flush=True)
@@ -128,8 +134,8 @@ def summary(recorded: list[dict], done: dict, args, model) -> str:
         return np.log(np.maximum(-np.asarray(log_p, np.float64), TINY_NLL))
 
     rows: dict[str, list[float]] = {}
-    for record in (r for r in recorded if r["id"] in done):
-        run, reread = record["methods"][SPEC], done[record["id"]]
+    for record in (r for r in recorded if done.get(r["id"], {}).get("spec") == args.spec):
+        run, reread = record["methods"][args.spec], done[record["id"]]
         design, real = np.array(run["design"], bool), np.array(run["outcomes"])
         z, extra = np.array(reread["reread"]), np.array(reread["extra"], bool)
         masks = metrics.lds_masks(record["sources"], len(record["truth"]), 0)
@@ -154,8 +160,8 @@ def summary(recorded: list[dict], done: dict, args, model) -> str:
                 rows.setdefault(f"covariate, {more} more re-reads, {label}", []).append(lds(-real[0] * found))
             rows.setdefault(f"real masks left out for {more} more", []).append(cut)
     base, peer = np.array(rows["budgeted"]), np.array(rows["ContextCite-32"])
-    lines = [f"{len(base)} {args.split} contexts, layout `{args.layout}`, SmolLM2-135M-Instruct, ridge "
-             f"{args.strength}; provenance {provenance()['commit'][:10]}", "",
+    lines = [f"{len(base)} {args.split} contexts, layout `{args.layout}`, SmolLM2-135M-Instruct, `{args.spec}`'s "
+             f"masks, ridge {args.strength}; provenance {provenance()['commit'][:10]}", "",
              "| fit | LDS | − budgeted, paired (better / worse) | − ContextCite-32, paired |", "|---|---|---|---|"]
     for name, values in rows.items():
         v = np.array(values, np.float64)

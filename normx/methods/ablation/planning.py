@@ -2,7 +2,8 @@
 mask's cost in plain forward passes (:func:`mask_costs`: on a cut cache only its tokens from its first removed source
 on), the masks' together as they run (:func:`masks_cost`: their shared stems once, each pass's attention as it reads
 it), the whole pass's (:func:`whole_cost`), the presence prior's on the whole pass's cache
-(:func:`shared_prior_cost`), and the designed masks a budget pays for (:func:`plan_masks`)."""
+(:func:`shared_prior_cost`), and the designed masks a budget pays for (:func:`plan_masks`; whether they number more
+than a count, :func:`buys_more`)."""
 
 from __future__ import annotations
 
