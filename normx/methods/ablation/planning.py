@@ -243,8 +243,7 @@ class _Counted:
         """Whether the first ``n`` masks (those there are, where there are fewer) fit."""
         if n not in self.known:
             if n > len(self.found):  # (the masks' runs, a block at a time: a mask's run is its own)
-                self.found = designs.masks(len(self.sources), min(n + 4, MAX_MASKS), self.drawn,
-                                           self.kind)
+                self.found = designs.masks(len(self.sources), min(n + 4, MAX_MASKS), self.drawn, self.kind)
                 self.every = stems.runs(self.sources, self.found, self.prompt_length)
                 self.nodes = {}
             self.known[n] = _together(self.sources, self.found[:n], [run for run in self.every if run.mask < n],
