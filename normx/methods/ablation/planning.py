@@ -155,9 +155,10 @@ def plan_masks(sources: list[list[int]], prompt_length: int, steps: int, budget:
 def buys_more(sources: list[list[int]], than: int, prompt_length: int, steps: int, budget: float, seed: int,
               costs: Costs, per_pass: int = 1, spent: float = 0.0, counted: dict | None = None) -> bool:
     """Whether :func:`plan_masks` on a cut cache buys more than ``than`` masks (at least 2 sources), without finding
-    which candidate buys the most: a whole resolution IV design (or all but one of its masks) is more masks than
-    sources, else the first candidate whose screening masks number more than ``than`` answers. ``counted``: as
-    :func:`plan_masks`' (the plan for the same sources can then go on from what this counted)."""
+    which candidate buys the most: the first candidate found that buys more answers, a whole resolution IV design (or
+    all but one of its masks) counting as more where it is, and the screening designs asked first there (where masks
+    are few, the answer they give most often). ``counted``: as :func:`plan_masks`' (the plan for the same sources can
+    then go on from what this counted)."""
     left = SPEND * budget - spent - whole_cost(prompt_length, steps, costs)
     whole = designs.block(len(sources), "fold_over")
 
@@ -165,9 +166,11 @@ def buys_more(sources: list[list[int]], than: int, prompt_length: int, steps: in
         return _most(sources, kind, seed, prompt_length, steps, True, costs, per_pass, left, need, True,
                      counted) is not None
 
-    if whole and reached("fold_over", max(whole - 1, than + 1)):
+    if not whole or whole - 1 > than:  # (either design buying that many makes a plan of more: screening first)
+        return reached("screening", than + 1) or (bool(whole) and reached("fold_over", whole - 1))
+    if reached("fold_over", than + 1):
         return True
-    if whole and whole - 1 <= than and reached("fold_over", whole - 1):
+    if reached("fold_over", whole - 1):
         return False  # (the plan is a resolution IV design of no more masks than that)
     return reached("screening", than + 1)
 
