@@ -183,10 +183,11 @@ def _merged(sources: list[list[int]], groups: list[list[int]]) -> list[list[int]
 
 
 def _grouped(ctx: ResponseContext, sources: list[list[int]], costs: Costs, per_pass: int,
-             bought: int, spent: float = 0.0) -> tuple[list[list[int]], np.ndarray] | None:
+             bought: int, spent: float, shared: bool) -> tuple[list[list[int]], np.ndarray] | None:
     """The most groups of adjacent sources (:func:`coarse`) that the masks the budget buys tell apart (more masks
-    than groups; found by bisection), where it buys no more masks than there are sources (``bought``) and the
-    ``coarse`` option allows it, and the masks planned for them on a cut cache; else None."""
+    than groups, counted on a cut cache; found by bisection), where it buys no more masks than there are sources
+    (``bought``) and the ``coarse`` option allows it, and the masks planned for them (``shared``: on a cut cache);
+    else None."""
     if ctx.options["coarse"] == "none" or bought > len(sources) or len(sources) < 3:
         return None
     budget, seed = budget_value(ctx.options["budget"]), ctx.options["seed"]
@@ -202,8 +203,8 @@ def _grouped(ctx: ResponseContext, sources: list[list[int]], costs: Costs, per_p
         more = buys_more(merged(middle), middle, ctx.prompt_length, ctx.steps, budget, seed, costs, per_pass, spent,
                          counted.setdefault(middle, {}))
         low, high = (middle, high) if more else (low, middle - 1)
-    return coarse(sources, low), plan_masks(merged(low), ctx.prompt_length, ctx.steps, budget, seed, True, costs,
-                                            per_pass, spent, counted.get(low))
+    return coarse(sources, low), plan_masks(merged(low), ctx.prompt_length, ctx.steps, budget, seed, shared, costs,
+                                            per_pass, spent, counted.get(low) if shared else None)
 
 
 def _prior(ctx: ResponseContext, sources: list[list[int]], costs: Costs, per_pass: int
@@ -289,10 +290,10 @@ def budgeted(ctx: ResponseContext) -> ResponseRows:
     kept = finer.reserve(ctx, sources, SPEND * budget - prior_cost - whole_cost(ctx.prompt_length, n, costs))
     if prior_name == "none":  # sources the masks cannot tell apart: removed in groups of adjacent ones
         planned = plan_masks(sources, ctx.prompt_length, n, budget, ctx.options["seed"], cut, costs, per_pass, kept)
-        grouped = _grouped(ctx, sources, costs, per_pass, len(planned), kept)
+        grouped = _grouped(ctx, sources, costs, per_pass, len(planned), kept, cut)
         if grouped is not None:
             groups, planned = grouped
-            sources, planned = _merged(sources, groups), planned if cut else None  # (planned on a cut cache)
+            sources = _merged(sources, groups)
             settings["groups"] = groups
     masks = planned if planned is not None else plan_masks(  # (planned already where no prior was read)
         sources, ctx.prompt_length, n, budget, ctx.options["seed"], cut, costs, per_pass, spent=prior_cost + kept)
