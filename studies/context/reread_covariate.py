@@ -14,6 +14,12 @@ Spearman of about 0.83 with the real outcomes, docs/context.md). Then refitted:
   covers the re-reads' (SmolLM2's work per token, :class:`normx.methods.ablation.planning.Costs`: each re-read its
   rows, their attention to every key, the head at the response, a share of its pass), as a budget would spend it.
 
+Where the run's masks removed groups of sources, the re-reads are of the sources themselves (the groups' masks, and
+extra masks of every source), the covariate's corrections are the groups', shared by their sources by tokens, and
+``budgeted``'s weights are its groups' spread alike. ``--keep-positions``: re-read with the removed tokens only
+hidden, the positions kept (as ``budgeted`` re-reads, packed on its whole pass's cache:
+:mod:`normx.methods.ablation.rereads`).
+
 Each LDS against the context's 32 real removals, paired with ``budgeted``'s and ContextCite-32's::
 
     python -m studies.context.reread_covariate --records FILE [FILE ...] --layout passages --split heldout \\
@@ -36,16 +42,35 @@ PER_PASS = 8  # re-reads batched a pass (masked_rereads' batch size)
 
 
 def covariate(masks: np.ndarray, real: np.ndarray, reread: np.ndarray, reread_weights: np.ndarray,
-              strength: float) -> np.ndarray:
+              strength: float, spread: np.ndarray | None = None) -> np.ndarray:
     """The sources' weights (on the log of the loss, as :func:`~normx.methods.ablation.budgeted.fit`'s) from the real
     masks' outcomes ``real`` and their re-read outcomes ``reread`` (both the log of the loss, one per mask):
     ``real ~ a + b * reread + masks @ d``, ``d`` shrunk by a ridge ``strength``; the weights ``b * reread_weights +
-    d``."""
+    spread @ d`` (``spread`` [sources, the masks' columns]: a group's correction shared by its sources, by tokens;
+    without groups the identity)."""
     x = np.asarray(masks, np.float64)
     design = np.hstack([np.ones((len(x), 1)), np.asarray(reread, np.float64)[:, None], x])
     penalty = np.diag([0.0, 0.0] + [strength] * x.shape[1])
     coef = np.linalg.solve(design.T @ design + penalty, design.T @ np.asarray(real, np.float64))
-    return coef[1] * np.asarray(reread_weights) + coef[2:]
+    spread = np.eye(x.shape[1]) if spread is None else spread
+    return coef[1] * np.asarray(reread_weights) + spread @ coef[2:]
+
+
+def _spread(groups: list[list[int]], sizes: list[int]) -> np.ndarray:
+    """[sources, groups]: each group's weight shared by its sources in proportion to their tokens."""
+    out = np.zeros((sum(map(len, groups)), len(groups)))
+    for g, members in enumerate(groups):
+        total = sum(sizes[j] for j in members)
+        for j in members:
+            out[j, g] = sizes[j] / total
+    return out
+
+
+def _on_sources(design: np.ndarray, groups: list[list[int]] | None) -> np.ndarray:
+    """A design over groups of sources (a run's ``groups``) as masks of the sources themselves."""
+    if not groups:
+        return design
+    return design[:, [g for g, members in enumerate(groups) for _ in members]]
 
 
 def reread_cost(total: int, first_row: int, steps: int, costs) -> float:
@@ -72,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lambda", dest="strength", type=float, default=1.0)
     parser.add_argument("--spec", default=SPEC, help="the recorded budgeted runs read (their design and outcomes)")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--keep-positions", action="store_true", help="re-read with the removed tokens only hidden, "
+                        "the positions kept (masked_rereads' close_up=False)")
     args = parser.parse_args(argv)
 
     import torch
@@ -100,8 +127,9 @@ def main(argv: list[str] | None = None) -> int:
         have = done.get(record["id"], {})
         if have.get("spec") == args.spec and len(have["extra"]) >= most:
             continue  # (re-read already)
-        if run.get("groups") or design.shape[1] != record["sources"]:
-            continue  # (its sources are not the check's: groups, or sentences found otherwise)
+        design = _on_sources(design, run.get("groups"))
+        if design.shape[1] != record["sources"]:
+            continue  # (its sources are not the check's: sentences found otherwise)
         _, ids, spans, response = laid_out(model, tokenizer, examples[record["id"]], args.layout)
         if tokenizer.decode(response) != record["response"]:
             raise RuntimeError(f"{record['id']}: the model answered {tokenizer.decode(response)!r}, recorded "
@@ -109,9 +137,10 @@ def main(argv: list[str] | None = None) -> int:
         extra = designs.masks(len(spans), most, EXTRA_SEED, "fold_over")
         first_row = max(b for _, b in spans)
         log_p, _ = masked_rereads(handle, ids + response, len(ids), [list(range(a, b)) for a, b in spans],
-                                  np.vstack([design, extra]), "reread_covariate", first_row, PER_PASS)
+                                  np.vstack([design, extra]), "reread_covariate", first_row, PER_PASS,
+                                  close_up=not args.keep_positions)
         done[record["id"]] = {"id": record["id"], "spec": args.spec, "tokens": len(ids) + len(response),
-                              "first_row": first_row,
+                              "first_row": first_row, "sizes": [b - a for a, b in spans],
                               "steps": len(response), "extra": extra.astype(int).tolist(),
                               "reread": log_p.sum(1).tolist()}
         print(f"{record['id']}: {len(design) + len(extra)} re-reads", flush=True)
@@ -136,6 +165,8 @@ def summary(recorded: list[dict], done: dict, args, model) -> str:
     for record in (r for r in recorded if done.get(r["id"], {}).get("spec") == args.spec):
         run, reread = record["methods"][args.spec], done[record["id"]]
         design, real = np.array(run["design"], bool), np.array(run["outcomes"])
+        groups = run.get("groups") or [[j] for j in range(design.shape[1])]
+        spread = _spread(groups, reread.get("sizes") or [1] * record["sources"])
         z, extra = np.array(reread["reread"]), np.array(reread["extra"], bool)
         masks = metrics.lds_masks(record["sources"], len(record["truth"]), 0)
         truth = np.array(record["truth"])
@@ -143,7 +174,8 @@ def summary(recorded: list[dict], done: dict, args, model) -> str:
         def lds(weights, masks=masks, truth=truth) -> float:
             return metrics.lds(weights, masks, truth)
 
-        rows.setdefault("budgeted", []).append(lds(surrogate(design, real)))
+        rows.setdefault("budgeted", []).append(lds(spread @ surrogate(design, real)))
+        on_sources = _on_sources(design, run.get("groups"))
         rows.setdefault("ContextCite-32", []).append(record["methods"].get("contextcite@32", {}).get("lds", np.nan))
         whole = whole_cost(reread["tokens"] - reread["steps"], reread["steps"], costs)
         per_real = (run["passes"] - whole) / run["masks"]
@@ -154,8 +186,9 @@ def summary(recorded: list[dict], done: dict, args, model) -> str:
                 cut += 1
             for label, kept in (("free", len(design)), ("paid for", len(design) - cut)):
                 read = np.concatenate([z[:kept], z[len(design):len(design) + more]])
-                weights = fit(np.vstack([design[:kept], extra[:more]]), -log_loss(read))
-                found = covariate(design[:kept], -log_loss(real[:kept]), -log_loss(z[:kept]), weights, args.strength)
+                weights = fit(np.vstack([on_sources[:kept], extra[:more]]), -log_loss(read))
+                found = covariate(design[:kept], -log_loss(real[:kept]), -log_loss(z[:kept]), weights, args.strength,
+                                  spread)
                 rows.setdefault(f"covariate, {more} more re-reads, {label}", []).append(lds(-real[0] * found))
             rows.setdefault(f"real masks left out for {more} more", []).append(cut)
     if not rows:

@@ -43,6 +43,7 @@ from normx.methods.ablation import (
     _spans,
     finer,
     prompt_sources,
+    rereads,
 )
 from normx.methods.ablation.forwards import outcomes
 from normx.methods.ablation.planning import (
@@ -55,18 +56,26 @@ from normx.methods.ablation.planning import (
     whole_cost,
 )
 from normx.methods.ablation.prefix import Prefix, pass_rows, tolerance, verified, whole_rows
+from normx.methods.ablation.surrogate_fit import (
+    HUBER,
+    LOSSES,
+    PRIOR_RIDGE,
+    RIDGE,
+    ROUNDS,
+    TINY_NLL,
+    fit,
+    surrogate,
+    with_rereads,
+)
 from normx.methods.calibrated.readings import presence_first_row
 from normx.methods.registry import Method, Option, register_method
 from normx.methods.response import ResponseContext, ResponseRows
 
+__all__ = ["BUDGETS", "HUBER", "LOSSES", "PRIOR_RIDGE", "RIDGE", "ROUNDS", "TINY_NLL", "budget_value", "fit",
+           "surrogate"]  # (the surrogate's, kept importable from here)
+
 BUDGETS = {"fast": 2.0, "balanced": 6.0, "faithful": 24.0}
-RIDGE = 0.01  # the surrogate's ridge penalty on the centred masks (chosen on training contexts: docs/context.md)
-PRIOR_RIDGE = 1.0  # with a prior: the penalty on the weights' departure from the scaled prior (docs/context.md)
-LOSSES = ("huber", "squares")
-HUBER = 1.345  # Huber's corner, in robust standard deviations of the residuals (the usual 95 %-efficient one)
-ROUNDS = 20  # reweightings at most (they settle within a few on the designs the budget buys)
 PRIORS = ("auto", "calibrated_attention", "none")
-TINY_NLL = 1e-6  # a response the model is sure of (log p rounded to 0): its loss, for the log the surrogate fits
 # a prior whose weights read only these families runs on the whole pass's cache (its presence pass's last rows)
 SHAREABLE = {"tokens", "presence", "response_norm"}
 
@@ -98,70 +107,6 @@ def budget_value(budget) -> float:
         raise InvalidInputError(f"budget must be a number of forward passes >= 1 or one of {tuple(BUDGETS)}, "
                                 f"got {budget!r}")
     return float(budget)
-
-
-def surrogate(masks: np.ndarray, log_p: np.ndarray, prior: np.ndarray | None = None,
-              strength: float = PRIOR_RIDGE, loss: str = "huber", corner: float = HUBER) -> np.ndarray:
-    """The sources' weights from the masks' outcomes ``log_p`` (the response's log-probability under each): the
-    linear surrogate (:func:`fit`) of log(-log p), the log of the response's negative log-likelihood, on which a
-    source that multiplies the likelihood's loss adds a constant (chosen on training contexts over fitting log p
-    itself: docs/context.md). The weights are given in nats of log-probability at the whole context: times the NLL
-    there (d log p / d log NLL) of the mask that keeps every source, or without one the masks' geometric mean."""
-    nll = np.maximum(-np.asarray(log_p, np.float64), TINY_NLL)
-    whole = np.asarray(masks, bool).all(1)
-    anchor = nll[whole][0] if whole.any() else float(np.exp(np.log(nll).mean()))
-    return anchor * fit(masks, -np.log(nll), prior, strength, loss, corner)
-
-
-def fit(masks: np.ndarray, log_p: np.ndarray, prior: np.ndarray | None = None,
-        strength: float = PRIOR_RIDGE, loss: str = "huber", corner: float = HUBER) -> np.ndarray:
-    """Each source's weight in a surrogate of the response's log-probability (``log_p`` [masks]) linear in the masks.
-    Without a ``prior``: a small ridge :data:`RIDGE` for designs cut short; a source kept or removed in every mask
-    weighs 0. With one (a score per source): the weights are ``c * prior + d``, the scale ``c`` fitted freely and ``d``
-    shrunk towards 0 by ``strength`` (a ridge towards the scaled prior), so the masks correct the prior where they vary
-    the sources and a source no mask varied keeps ``c`` times its prior. ``loss``: ``"huber"`` (Huber's loss,
-    iteratively reweighted: a mask whose outcome lies more than ``corner`` robust standard deviations off the fit
-    counts as if it lay there, so that a few masks far off a linear surrogate do not tilt the order it gives every
-    other mask; chosen on training contexts, docs/context.md) or ``"squares"`` (least squares)."""
-    if loss not in LOSSES:
-        raise InvalidInputError(f"loss={loss!r} is not one of {LOSSES}")
-    x = np.asarray(masks, np.float64)
-    y = np.asarray(log_p, np.float64)
-    live = np.flatnonzero(x.std(0) > 0)
-    rows = np.ones(len(y))
-    for _ in range(ROUNDS if loss == "huber" else 1):
-        weights, residuals = _weighted(x, y, rows, live, prior, strength)
-        scale = 1.4826 * np.median(np.abs(residuals - np.median(residuals)))  # (the residuals' MAD, as a deviation)
-        if loss != "huber" or not scale > 0:
-            break
-        updated = np.minimum(1.0, corner * scale / np.maximum(np.abs(residuals), np.finfo(float).tiny))
-        if np.allclose(updated, rows, rtol=0, atol=1e-9):
-            break
-        rows = updated
-    return weights
-
-
-def _weighted(x: np.ndarray, y: np.ndarray, rows: np.ndarray, live: np.ndarray, prior: np.ndarray | None,
-              strength: float) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`fit`'s weighted least squares (each mask weighted by ``rows``, masks and outcomes centred on their
-    weighted means): (the sources' weights, each mask's residual)."""
-    share = rows / rows.sum()
-    x = x - share @ x
-    y = y - share @ y
-    root = np.sqrt(rows)[:, None]
-    weights = np.zeros(x.shape[1])
-    if prior is not None:
-        prior = np.asarray(prior, np.float64)
-        design = np.column_stack([x @ prior, x[:, live]])  # (the outcome the prior predicts, up to its scale)
-        penalty = np.sqrt(strength) * np.eye(len(live) + 1)[1:]  # (the scale is not penalised)
-        found = np.linalg.lstsq(np.vstack([design * root, penalty]),
-                                np.concatenate([y * root[:, 0], np.zeros(len(live))]), rcond=None)[0]
-        weights = found[0] * prior
-        weights[live] += found[1:]
-    elif len(live):
-        xl = x[:, live]
-        weights[live] = np.linalg.solve(xl.T @ (xl * rows[:, None]) + RIDGE * np.eye(len(live)), xl.T @ (rows * y))
-    return weights, y - x @ weights
 
 
 def coarse(sources: list[list[int]], count: int) -> list[list[int]]:
@@ -288,6 +233,7 @@ def budgeted(ctx: ResponseContext) -> ResponseRows:
         prior, found = _prior_scores(ctx, sources, whole if shared else None)
         settings |= {"prior_scores": prior.tolist(), "prior_shared": shared}
     kept = finer.reserve(ctx, sources, SPEND * budget - prior_cost - whole_cost(ctx.prompt_length, n, costs))
+    own, groups = sources, None
     if prior_name == "none":  # sources the masks cannot tell apart: removed in groups of adjacent ones
         planned = plan_masks(sources, ctx.prompt_length, n, budget, ctx.options["seed"], cut, costs, per_pass, kept)
         grouped = _grouped(ctx, sources, costs, per_pass, len(planned), kept, cut)
@@ -297,11 +243,19 @@ def budgeted(ctx: ResponseContext) -> ResponseRows:
             settings["groups"] = groups
     masks = planned if planned is not None else plan_masks(  # (planned already where no prior was read)
         sources, ctx.prompt_length, n, budget, ctx.options["seed"], cut, costs, per_pass, spent=prior_cost + kept)
+    reread = None  # (re-reads beside the real masks, where they cost about a real mask: long prompts)
+    if ctx.options["rereads"] == "auto" and cut and prior is None and not kept:
+        reread = rereads.bought(own, sources, masks, ctx.prompt_length, n, ctx.options["seed"], costs, per_pass)
+        masks = masks if reread is None else masks[:reread.real]
     keeps = np.vstack([np.ones((1, len(sources)), bool), masks])
     log_p, _, logits = outcomes(ctx, sources, keeps, "budgeted", shared_prefix=whole if cut else False)
     loss = ctx.options["loss"]
-    weights = surrogate(keeps, log_p.sum(1), prior, loss=loss)  # the whole pass's outcome too: a mask keeping all
     spent = prior_cost + masks_cost(sources, masks, ctx.prompt_length, n, cut, costs, per_pass)
+    if reread is None:
+        weights = surrogate(keeps, log_p.sum(1), prior, loss=loss)  # the whole pass's outcome too: a mask keeping all
+    else:
+        weights, settings["rereading"] = _beside(whole, own, groups, keeps, log_p.sum(1), reread, loss)
+        sources, spent = own, spent + reread.cost
     settings |= {"masks": len(masks), "shared_prefix": cut, "design": keeps.astype(int).tolist(),
                  "outcomes": log_p.sum(1).tolist(),
                  "rows": "the response's surrogate weights, each split evenly over the steps and over its tokens"}
@@ -321,6 +275,23 @@ def budgeted(ctx: ResponseContext) -> ResponseRows:
     per_step = np.repeat(weights[:, None] / n, n, axis=1)
     # (a group's weight spread evenly over its tokens, as a source's is)
     return ResponseRows(_rows(ctx, sources, per_step), logits, {"log_probability": log_p[0].tolist()}, settings)
+
+
+def _beside(whole: Prefix, sources: list[list[int]], groups: list[list[int]] | None, keeps: np.ndarray,
+            real: np.ndarray, reread: rereads.Bought, loss: str) -> tuple[np.ndarray, dict]:
+    """The sources' weights from the real masks (``keeps`` of the sources, or of their ``groups``; ``real`` their
+    outcomes) read beside the re-reads of the same masks and of the extra ones
+    (:func:`~normx.methods.ablation.surrogate_fit.with_rereads`), and what ran, for the settings."""
+    groups = groups or [[j] for j in range(len(sources))]
+    column = np.array([g for g, members in enumerate(groups) for _ in members])  # (each source's group)
+    sizes = np.array([len(members) for members in sources], np.float64)
+    spread = np.zeros((len(sources), len(groups)))
+    spread[np.arange(len(sources)), column] = sizes / np.bincount(column, sizes)[column]  # (a group's by tokens)
+    on_sources = keeps[:, column]
+    found = rereads.reread_log_p(whole, sources, np.vstack([on_sources[1:], reread.extra]), reread.first).sum(1)
+    weights = with_rereads(keeps, real, on_sources, found, reread.extra, spread, loss)
+    return weights, {"first_row": reread.first, "masks": len(found), "extra": reread.extra.astype(int).tolist(),
+                     "outcomes": found.tolist(), "passes": round(reread.cost, 3)}
 
 
 def _check_budget(options: dict) -> dict:
@@ -349,6 +320,11 @@ register_method(Method(
              Option("finer", "none", "sentences: score the sources (passages) with half of the budget after the "
                     "whole pass, then the sentences of the two that weigh most with the rest (AttriBoT's hierarchy); "
                     "none", str, choices=finer.FINER),
+             Option("rereads", "auto", "on a cut cache, without a prior or the finer stage: auto (where re-reading "
+                    f"the real masks and {rereads.EXTRA} more, the question's and the response's rows only, costs at "
+                    "most a real mask, as on long prompts: real masks left out to pay for them, the re-reads read as "
+                    "a covariate, every source scored even where the masks remove groups), none", str,
+                    choices=("auto", "none")),
              Option("loss", "huber", "the surrogate's fit: huber (a mask far off the linear surrogate counts as if "
                     "it lay at Huber's corner, 1.345 robust deviations; chosen on training contexts), squares (least "
                     "squares)", str, choices=LOSSES),
