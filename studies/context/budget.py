@@ -223,7 +223,7 @@ def _run(model, tokenizer, prompt: str, name: str, options: dict, response: list
     rows = np.nan_to_num(np.asarray(generation.scores[0], np.float64))
     scores = np.array([rows[:, a:b].sum() for a, b in spans])
     settings = {k: generation.settings.get(k) for k in ("masks", "passes", "shared_prefix", "prior", "prior_scores",
-                                                        "prior_shared", "design", "outcomes", "groups")
+                                                        "prior_shared", "design", "outcomes", "groups", "rereading")
                 if k in generation.settings}
     if first:  # its time holds the process's first-use work (imports, the model's checks, the tokenizer's tables)
         settings["first_call"] = True

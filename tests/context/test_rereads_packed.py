@@ -107,8 +107,9 @@ def test_budgeted_reads_rereads_beside_its_masks_where_they_cost_about_a_mask(mo
     given = [(1 + 4 * i, 5 + 4 * i) for i in range(12)]
     call = {"method": "budgeted", "max_new_tokens": 2, "budget": 3, "sources": given}
     plain = normx.explain_generation(model, tok, BUDGET_PROMPT, **call)
+    assert "rereading" not in plain.settings  # (not the default)
     monkeypatch.setattr(rereads, "cost", lambda total, first, steps, count, costs: 0.002 * count)
-    g = normx.explain_generation(model, tok, BUDGET_PROMPT, **call)
+    g = normx.explain_generation(model, tok, BUDGET_PROMPT, rereads="auto", **call)
     settings, found = g.settings, g.settings["rereading"]
     assert settings["groups"] == plain.settings["groups"]  # (the masks remove groups of the sources)
     assert settings["masks"] < plain.settings["masks"] and settings["passes"] <= plain.settings["passes"] + 1e-3
@@ -130,7 +131,7 @@ def test_budgeted_reads_rereads_beside_its_masks_where_they_cost_about_a_mask(mo
     got = np.array([np.nansum(g.scores[0][:, a:b]) for a, b in given])
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
     assert len(set(np.round(got, 9))) > len(settings["groups"])  # (sources within a group told apart)
-    off = normx.explain_generation(model, tok, BUDGET_PROMPT, rereads="none", **call)
+    off = normx.explain_generation(model, tok, BUDGET_PROMPT, **call)
     assert "rereading" not in off.settings and off.settings["masks"] == plain.settings["masks"]
 
 

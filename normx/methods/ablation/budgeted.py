@@ -19,6 +19,12 @@ scores, where the model has calibrated weights, stored or shipped, and the budge
 from the budget; the surrogate then shrinks towards the prior, scaled by the masks (:func:`fit`), so a source no mask
 varied still gets the prior's share, and a budget that buys no masks after it returns the prior's scores.
 
+With ``rereads="auto"`` (not the default: on the training contexts it read no better), where re-reading the masks
+and more costs at most two real masks (long prompts, whose question and answer are a small share of them:
+:mod:`normx.methods.ablation.rereads`), the plan's last real masks pay for re-reads on the whole pass's cache, and
+the weights are the re-reads' surrogate corrected by the real masks
+(:func:`~normx.methods.ablation.surrogate_fit.with_rereads`): every source scored, even where the masks remove groups.
+
 Sources, by default (``sources="auto"``): the prompt before its closing question (the short lines at its end), split
 into paragraphs when it has passages, else into sentences (:func:`normx.methods.ablation.sources.auto_split`). With
 ``finer="sentences"`` the sources get half of what the budget has after the whole pass, and the sentences of the two
@@ -243,7 +249,7 @@ def budgeted(ctx: ResponseContext) -> ResponseRows:
             settings["groups"] = groups
     masks = planned if planned is not None else plan_masks(  # (planned already where no prior was read)
         sources, ctx.prompt_length, n, budget, ctx.options["seed"], cut, costs, per_pass, spent=prior_cost + kept)
-    reread = None  # (re-reads beside the real masks, where they cost about a real mask: long prompts)
+    reread = None  # (re-reads beside the real masks, where they cost at most two real masks: long prompts)
     if ctx.options["rereads"] == "auto" and cut and prior is None and not kept:
         reread = rereads.bought(own, sources, masks, ctx.prompt_length, n, ctx.options["seed"], costs, per_pass)
         masks = masks if reread is None else masks[:reread.real]
@@ -320,11 +326,11 @@ register_method(Method(
              Option("finer", "none", "sentences: score the sources (passages) with half of the budget after the "
                     "whole pass, then the sentences of the two that weigh most with the rest (AttriBoT's hierarchy); "
                     "none", str, choices=finer.FINER),
-             Option("rereads", "auto", "on a cut cache, without a prior or the finer stage: auto (where re-reading "
+             Option("rereads", "none", "on a cut cache, without a prior or the finer stage: auto (where re-reading "
                     f"the real masks and {rereads.EXTRA} more, the question's and the response's rows only, costs at "
-                    "most a real mask, as on long prompts: real masks left out to pay for them, the re-reads read as "
-                    "a covariate, every source scored even where the masks remove groups), none", str,
-                    choices=("auto", "none")),
+                    f"most {rereads.WORTH:g} real masks, as on long prompts: real masks left out to pay for them, the "
+                    "re-reads read as a covariate, every source scored even where the masks remove groups; on "
+                    "training contexts no better than none, docs/context.md), none", str, choices=("auto", "none")),
              Option("loss", "huber", "the surrogate's fit: huber (a mask far off the linear surrogate counts as if "
                     "it lay at Huber's corner, 1.345 robust deviations; chosen on training contexts), squares (least "
                     "squares)", str, choices=LOSSES),
