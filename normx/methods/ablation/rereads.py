@@ -9,10 +9,11 @@ before them (a block-diagonal causal mask, additive, in the model's dtype), each
 whole pass's cache is read, not copied, per mask: memory is the cache once and the pass's mask.
 
 What it approximates: the cached rows after a removed source have read it, and the re-read rows keep their positions
-(a removal closes them up). On the ~7,000-token documents the re-reads of
-:func:`normx.methods.decoder.rereads.masked_rereads` (positions closed up, a copy of the cache per mask) track the
-real removals: docs/context.md, "Re-read masks beside the real ones". With the positions kept those equal these to
-float rounding (tests/context/test_rereads_packed.py).
+(a removal closes them up). :func:`normx.methods.decoder.rereads.masked_rereads` closes them up (a copy of the cache
+per mask, its keys re-rotated); with the positions kept it equals these to float rounding
+(tests/context/test_rereads_packed.py). Read beside ``budgeted``'s real masks on ~7,000-token documents, the
+closed-up re-reads paid for the masks they displaced on training contexts and these did not (docs/context.md,
+"Re-reads in `budgeted`"): ``budgeted`` buys them only when asked (``rereads="auto"``).
 """
 
 from __future__ import annotations
