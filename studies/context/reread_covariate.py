@@ -6,7 +6,8 @@ source hidden from them and the positions closed up: :func:`normx.methods.decode
 Spearman of about 0.83 with the real outcomes, docs/context.md). Then refitted:
 
 - ``budgeted`` as it fits (:func:`normx.methods.ablation.budgeted.surrogate`: Huber's loss on the log of the loss);
-- *the covariate fit*: each real mask's log-loss regressed on its own re-read log-loss and on the masks (a ridge
+- *the covariate fit* (:func:`normx.methods.ablation.surrogate_fit.covariate`, as ``budgeted(rereads="auto")`` fits
+  it): each real mask's log-loss regressed on its own re-read log-loss and on the masks (a ridge
   ``--lambda`` on the sources' corrections only); a source's weight is the slope times its weight in the surrogate of
   every re-read (Huber's, on the log of the loss), plus its correction: the re-reads' surrogate, corrected by the
   real masks where it is off;
@@ -39,21 +40,6 @@ from studies.settings import add_data_option, data_folder, provenance
 SPEC = "budgeted:budget=6.0,seed=0"  # the label of the default call's runs on the passage files (17b522c on)
 EXTRA_SEED = 1000
 PER_PASS = 8  # re-reads batched a pass (masked_rereads' batch size)
-
-
-def covariate(masks: np.ndarray, real: np.ndarray, reread: np.ndarray, reread_weights: np.ndarray,
-              strength: float, spread: np.ndarray | None = None) -> np.ndarray:
-    """The sources' weights (on the log of the loss, as :func:`~normx.methods.ablation.budgeted.fit`'s) from the real
-    masks' outcomes ``real`` and their re-read outcomes ``reread`` (both the log of the loss, one per mask):
-    ``real ~ a + b * reread + masks @ d``, ``d`` shrunk by a ridge ``strength``; the weights ``b * reread_weights +
-    spread @ d`` (``spread`` [sources, the masks' columns]: a group's correction shared by its sources, by tokens;
-    without groups the identity)."""
-    x = np.asarray(masks, np.float64)
-    design = np.hstack([np.ones((len(x), 1)), np.asarray(reread, np.float64)[:, None], x])
-    penalty = np.diag([0.0, 0.0] + [strength] * x.shape[1])
-    coef = np.linalg.solve(design.T @ design + penalty, design.T @ np.asarray(real, np.float64))
-    spread = np.eye(x.shape[1]) if spread is None else spread
-    return coef[1] * np.asarray(reread_weights) + spread @ coef[2:]
 
 
 def _spread(groups: list[list[int]], sizes: list[int]) -> np.ndarray:
@@ -153,13 +139,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def summary(recorded: list[dict], done: dict, args, model) -> str:
     from normx.evaluation.context import metrics
-    from normx.methods.ablation.budgeted import TINY_NLL, fit, surrogate
     from normx.methods.ablation.planning import Costs, whole_cost
+    from normx.methods.ablation.surrogate_fit import covariate, fit, log_loss, surrogate
 
     costs = Costs.of(model)
-
-    def log_loss(log_p) -> np.ndarray:
-        return np.log(np.maximum(-np.asarray(log_p, np.float64), TINY_NLL))
 
     rows: dict[str, list[float]] = {}
     for record in (r for r in recorded if done.get(r["id"], {}).get("spec") == args.spec):
@@ -187,8 +170,8 @@ def summary(recorded: list[dict], done: dict, args, model) -> str:
             for label, kept in (("free", len(design)), ("paid for", len(design) - cut)):
                 read = np.concatenate([z[:kept], z[len(design):len(design) + more]])
                 weights = fit(np.vstack([on_sources[:kept], extra[:more]]), -log_loss(read))
-                found = covariate(design[:kept], -log_loss(real[:kept]), -log_loss(z[:kept]), weights, args.strength,
-                                  spread)
+                found = covariate(design[:kept], -log_loss(real[:kept]), -log_loss(z[:kept]), weights, spread,
+                                  args.strength)
                 rows.setdefault(f"covariate, {more} more re-reads, {label}", []).append(lds(-real[0] * found))
             rows.setdefault(f"real masks left out for {more} more", []).append(cut)
     if not rows:
