@@ -42,16 +42,6 @@ EXTRA_SEED = 1000
 PER_PASS = 8  # re-reads batched a pass (masked_rereads' batch size)
 
 
-def _spread(groups: list[list[int]], sizes: list[int]) -> np.ndarray:
-    """[sources, groups]: each group's weight shared by its sources in proportion to their tokens."""
-    out = np.zeros((sum(map(len, groups)), len(groups)))
-    for g, members in enumerate(groups):
-        total = sum(sizes[j] for j in members)
-        for j in members:
-            out[j, g] = sizes[j] / total
-    return out
-
-
 def _on_sources(design: np.ndarray, groups: list[list[int]] | None) -> np.ndarray:
     """A design over groups of sources (a run's ``groups``) as masks of the sources themselves."""
     if not groups:
@@ -140,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
 def summary(recorded: list[dict], done: dict, args, model) -> str:
     from normx.evaluation.context import metrics
     from normx.methods.ablation.planning import Costs, whole_cost
-    from normx.methods.ablation.surrogate_fit import covariate, fit, log_loss, surrogate
+    from normx.methods.ablation.surrogate_fit import covariate, fit, log_loss, spread, surrogate
 
     costs = Costs.of(model)
 
@@ -149,7 +139,7 @@ def summary(recorded: list[dict], done: dict, args, model) -> str:
         run, reread = record["methods"][args.spec], done[record["id"]]
         design, real = np.array(run["design"], bool), np.array(run["outcomes"])
         groups = run.get("groups") or [[j] for j in range(design.shape[1])]
-        spread = _spread(groups, reread.get("sizes") or [1] * record["sources"])
+        shares = spread(groups, reread.get("sizes") or [1] * record["sources"])
         z, extra = np.array(reread["reread"]), np.array(reread["extra"], bool)
         masks = metrics.lds_masks(record["sources"], len(record["truth"]), 0)
         truth = np.array(record["truth"])
@@ -157,7 +147,7 @@ def summary(recorded: list[dict], done: dict, args, model) -> str:
         def lds(weights, masks=masks, truth=truth) -> float:
             return metrics.lds(weights, masks, truth)
 
-        rows.setdefault("budgeted", []).append(lds(spread @ surrogate(design, real)))
+        rows.setdefault("budgeted", []).append(lds(shares @ surrogate(design, real)))
         on_sources = _on_sources(design, run.get("groups"))
         rows.setdefault("ContextCite-32", []).append(record["methods"].get("contextcite@32", {}).get("lds", np.nan))
         whole = whole_cost(reread["tokens"] - reread["steps"], reread["steps"], costs)
@@ -170,7 +160,7 @@ def summary(recorded: list[dict], done: dict, args, model) -> str:
             for label, kept in (("free", len(design)), ("paid for", len(design) - cut)):
                 read = np.concatenate([z[:kept], z[len(design):len(design) + more]])
                 weights = fit(np.vstack([on_sources[:kept], extra[:more]]), -log_loss(read))
-                found = covariate(design[:kept], -log_loss(real[:kept]), -log_loss(z[:kept]), weights, spread,
+                found = covariate(design[:kept], -log_loss(real[:kept]), -log_loss(z[:kept]), weights, shares,
                                   args.strength)
                 rows.setdefault(f"covariate, {more} more re-reads, {label}", []).append(lds(-real[0] * found))
             rows.setdefault(f"real masks left out for {more} more", []).append(cut)

@@ -70,6 +70,7 @@ from normx.methods.ablation.surrogate_fit import (
     ROUNDS,
     TINY_NLL,
     fit,
+    spread,
     surrogate,
     with_rereads,
 )
@@ -289,13 +290,10 @@ def _beside(whole: Prefix, sources: list[list[int]], groups: list[list[int]] | N
     outcomes) read beside the re-reads of the same masks and of the extra ones
     (:func:`~normx.methods.ablation.surrogate_fit.with_rereads`), and what ran, for the settings."""
     groups = groups or [[j] for j in range(len(sources))]
-    column = np.array([g for g, members in enumerate(groups) for _ in members])  # (each source's group)
-    sizes = np.array([len(members) for members in sources], np.float64)
-    spread = np.zeros((len(sources), len(groups)))
-    spread[np.arange(len(sources)), column] = sizes / np.bincount(column, sizes)[column]  # (a group's by tokens)
-    on_sources = keeps[:, column]
+    on_sources = keeps[:, [g for g, members in enumerate(groups) for _ in members]]  # (each source as its group)
     found = rereads.reread_log_p(whole, sources, np.vstack([on_sources[1:], reread.extra]), reread.first).sum(1)
-    weights = with_rereads(keeps, real, on_sources, found, reread.extra, spread, loss)
+    weights = with_rereads(keeps, real, on_sources, found, reread.extra,
+                           spread(groups, [len(members) for members in sources]), loss)
     return weights, {"first_row": reread.first, "masks": len(found), "extra": reread.extra.astype(int).tolist(),
                      "outcomes": found.tolist(), "passes": round(reread.cost, 3)}
 

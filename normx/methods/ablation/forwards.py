@@ -73,6 +73,13 @@ def read_outcomes(ctx: ResponseContext, hidden: torch.Tensor, repeats: int = 1
     return log_p, (chosen - torch.logsumexp(others, -1)).double().cpu().numpy(), logits
 
 
+def masks_per_head(ctx: ResponseContext) -> int:
+    """Masks whose response rows one head call reads at once (its weights read once; their logits at most
+    :data:`HEAD_ELEMENTS`)."""
+    vocabulary = max(int(getattr(ctx.model.config.get_text_config(), "vocab_size", 0) or 0), 1)
+    return max(1, HEAD_ELEMENTS // (vocabulary * max(ctx.steps, 1)))
+
+
 def _prefix_outcomes(ctx: ResponseContext, sources: list[list[int]], keeps: np.ndarray, desc: str, given
                      ) -> tuple[np.ndarray, np.ndarray, torch.Tensor]:
     import normx.methods.ablation.prefix as shared
@@ -94,8 +101,7 @@ def _prefix_outcomes(ctx: ResponseContext, sources: list[list[int]], keeps: np.n
     if fresh:
         log_p[fresh], logit_p[fresh], _ = _distinct_outcomes(ctx, sources, keeps[fresh], desc)
     ran = [m for m, h in enumerate(hidden) if h is not None]
-    vocabulary = max(int(getattr(ctx.model.config.get_text_config(), "vocab_size", 0) or 0), 1)
-    per_head = max(1, HEAD_ELEMENTS // (vocabulary * max(n, 1)))  # masks whose logits one head call makes
+    per_head = masks_per_head(ctx)
     with ctx.handle.using(), torch.no_grad():
         for at in range(0, len(ran), per_head):  # the head over many masks' rows at once: its weights read once
             chunk = ran[at:at + per_head]

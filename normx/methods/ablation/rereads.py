@@ -27,7 +27,7 @@ from normx.core.batch import id_tensor
 from normx.core.hooks import output_tensor
 from normx.errors import InvalidInputError
 from normx.methods.ablation import MIN_ABLATIONS, designs
-from normx.methods.ablation.forwards import HEAD_ELEMENTS, read_outcomes
+from normx.methods.ablation.forwards import masks_per_head, read_outcomes
 from normx.methods.ablation.planning import Costs, masks_cost
 from normx.methods.ablation.prefix import CALL_ROWS, WINDOW, Prefix, _cache_argument
 
@@ -75,14 +75,11 @@ def bought(sources: list[list[int]], columns: list[list[int]], masks: np.ndarray
     planned = masks_cost(columns, masks, prompt_length, steps, True, costs, per_pass)
     if not len(masks) or cost(total, first, steps, len(masks) + EXTRA, costs) > WORTH * planned / len(masks):
         return None
-    real = len(masks)
-    while real > MIN_ABLATIONS and masks_cost(columns, masks[:real], prompt_length, steps, True, costs, per_pass
-                                              ) + cost(total, first, steps, real + EXTRA, costs) > planned:
-        real -= 1
-    spend = cost(total, first, steps, real + EXTRA, costs)
-    if masks_cost(columns, masks[:real], prompt_length, steps, True, costs, per_pass) + spend > planned:
-        return None  # (they do not pay for themselves)
-    return Bought(real, designs.masks(len(sources), EXTRA, seed + EXTRA_SEED, "fold_over"), first, spend)
+    for real in range(len(masks), MIN_ABLATIONS - 1, -1):  # (the most real masks that pay for the re-reads)
+        spend = cost(total, first, steps, real + EXTRA, costs)
+        if masks_cost(columns, masks[:real], prompt_length, steps, True, costs, per_pass) + spend <= planned:
+            return Bought(real, designs.masks(len(sources), EXTRA, seed + EXTRA_SEED, "fold_over"), first, spend)
+    return None  # (they do not pay for themselves)
 
 
 def first_row(sources: list[list[int]], prompt_length: int) -> int:
@@ -150,8 +147,7 @@ def reread_log_p(prefix: Prefix, sources: list[list[int]], keeps: np.ndarray, fi
             hidden.append(rows.reshape(count * n, -1))
             del out, cache  # (the pass's cache let go before the next)
         stacked = torch.cat(hidden)
-        vocabulary = max(int(getattr(ctx.model.config.get_text_config(), "vocab_size", 0) or 0), 1)
-        per_head = max(1, HEAD_ELEMENTS // (vocabulary * max(n, 1)))  # masks whose logits one head call makes
+        per_head = masks_per_head(ctx)
         log_p = np.concatenate([read_outcomes(ctx, stacked[at * n:(at + per_head) * n],
                                               min(per_head, len(keeps) - at))[0]
                                 for at in range(0, len(keeps), per_head)])

@@ -97,6 +97,17 @@ def covariate(masks: np.ndarray, real: np.ndarray, reread: np.ndarray, reread_we
     return coef[1] * np.asarray(reread_weights, np.float64) + np.asarray(spread, np.float64) @ coef[2:]
 
 
+def spread(groups: list[list[int]], sizes) -> np.ndarray:
+    """[sources, groups]: each group's weight shared by its sources (``groups``: the sources' indices in each) in
+    proportion to their ``sizes`` (tokens)."""
+    sizes = np.asarray(sizes, np.float64)
+    column = np.array([g for g, members in enumerate(groups) for _ in members])  # (each source's group)
+    order = np.array([j for members in groups for j in members])
+    out = np.zeros((len(sizes), len(groups)))
+    out[order, column] = sizes[order] / np.bincount(column, sizes[order])[column]
+    return out
+
+
 def log_loss(log_p) -> np.ndarray:
     """The log of the response's negative log-likelihood (at least :data:`TINY_NLL`), from its log-probability."""
     return np.log(np.maximum(-np.asarray(log_p, np.float64), TINY_NLL))
