@@ -10,6 +10,7 @@ as lines across their panel. Writes a PNG and, beside it, the points as JSON (``
 
     python -m studies.context.frontier --budget "300 tokens, sentences=FILE" ... --report "LABEL=FILE" \\
         --out docs/context-frontier.png
+    python -m studies.context.frontier --budget "LABEL=FILE,FILE,..." ...   # several budget files, pooled
 """
 
 from __future__ import annotations
@@ -22,23 +23,28 @@ from pathlib import Path
 FREE = ("random", "position")  # readings with no model work: lines, not points
 
 
-def budget_points(file: Path, only: set[str]) -> dict[str, dict]:
-    """{spec: point} of a budget study's records: the contexts that have every spec of ``only`` the file holds (all
-    points of a panel on the same contexts), each spec every one of them has."""
+def budget_points(files: list[Path], only: set[str]) -> dict[str, dict]:
+    """{spec: point} of a budget study's records (one file or several, pooled: each context once): the contexts that
+    have every spec of ``only`` that every file holds (all points of a panel on the same contexts), each spec every
+    one of them has."""
     import numpy as np
 
-    records = [json.loads(line) for line in file.read_text(encoding="utf-8").splitlines() if line.strip()]
-    held = {spec for r in records for spec in r["methods"]}
+    read = [[json.loads(line) for line in file.read_text(encoding="utf-8").splitlines() if line.strip()]
+            for file in files]
+    held = set.intersection(*({spec for r in records for spec in r["methods"]} for records in read))
+    records = list({r["id"]: r for records in read for r in records}.values())
     records = [r for r in records if all(spec in r["methods"] for spec in only & held)]
     specs = [spec for spec in records[0]["methods"] if all(spec in r["methods"] for r in records)]
     return {spec: point([r["methods"][spec]["lds"] for r in records],
                         [r["methods"][spec].get("cost", np.nan) for r in records]) for spec in specs}
 
 
-def report_points(file: Path, only: set[str]) -> dict[str, dict]:
+def report_points(files: list[Path], only: set[str]) -> dict[str, dict]:
     """{reading: point} of an evaluate-context report (its records' LDS and costs), for the readings every context
     has."""
-    data = json.loads(file.read_text(encoding="utf-8"))
+    if len(files) != 1:
+        raise SystemExit(f"a report is one file, got {len(files)}")
+    data = json.loads(files[0].read_text(encoding="utf-8"))
     found: dict[str, tuple[list, list]] = {}
     for record in data["records"]:
         for name, reading in record["readings"].items():
@@ -101,7 +107,8 @@ def draw(panels: dict[str, dict[str, dict]], out: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m studies.context.frontier", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--budget", action="append", default=[], help="LABEL=FILE: a budget study's JSON lines")
+    parser.add_argument("--budget", action="append", default=[], help="LABEL=FILE: a budget study's JSON lines "
+                        "(FILE,FILE,...: several, pooled)")
     parser.add_argument("--report", action="append", default=[], help="LABEL=FILE: an evaluate-context report.json")
     parser.add_argument("--only", action="append", default=[], help="a method / spec to draw, once per flag "
                         "(specs hold commas; default: every one)")
@@ -118,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         if not sep:
             raise SystemExit(f"give LABEL=FILE, not {given!r}")
         chosen: dict[str, tuple[int, dict]] = {}  # name -> (the spec's place among the --name flags, its point)
-        for spec, found in read(Path(file), only).items():
+        for spec, found in read([Path(name) for name in file.split(",")], only).items():
             rank = list(names).index(spec) if spec in names else -1
             name = names.get(spec, spec)
             if (not only or spec in only) and rank >= chosen.get(name, (-2, None))[0]:
