@@ -24,15 +24,16 @@ FREE = ("random", "position")  # readings with no model work: lines, not points
 
 
 def budget_points(files: list[Path], only: set[str]) -> dict[str, dict]:
-    """{spec: point} of a budget study's records (one file or several, pooled: each context once): the contexts that
-    have every spec of ``only`` that every file holds (all points of a panel on the same contexts), each spec every
-    one of them has."""
+    """{spec: point} of a budget study's records (one file or several, pooled: a context in two is refused): the
+    contexts that have every spec of ``only`` that every file holds (all points of a panel on the same contexts), each
+    spec every one of them has."""
     import numpy as np
 
-    read = [[json.loads(line) for line in file.read_text(encoding="utf-8").splitlines() if line.strip()]
-            for file in files]
-    held = set.intersection(*({spec for r in records for spec in r["methods"]} for records in read))
-    records = list({r["id"]: r for records in read for r in records}.values())
+    from studies.context.pooled import read
+
+    found = read(files)
+    held = set.intersection(*({spec for r in records for spec in r["methods"]} for records in found))
+    records = [r for records in found for r in records]
     records = [r for r in records if all(spec in r["methods"] for spec in only & held)]
     specs = [spec for spec in records[0]["methods"] if all(spec in r["methods"] for r in records)]
     return {spec: point([r["methods"][spec]["lds"] for r in records],

@@ -83,6 +83,20 @@ def table(rows: list[dict], reference: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def read(paths: list[Path]) -> list[list[dict]]:
+    """Each file's records (the JSON lines of :mod:`studies.context.budget`); a context in two of the files is
+    refused (pooled, each context counts once)."""
+    seen: set[str] = set()
+    out = []
+    for path in paths:
+        out.append([json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()])
+        for record in out[-1]:
+            if record["id"] in seen:
+                raise SystemExit(f"{path}: context {record['id']} is in another of the files too")
+            seen.add(record["id"])
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m studies.context.pooled", description=__doc__.split("\n\n")[0])
     parser.add_argument("records", type=Path, nargs="+", help="JSON lines written by studies.context.budget")
@@ -93,13 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="the JSON to write: one row per method (the table "
                         "is printed)")
     args = parser.parse_args(argv)
-    records = {}
-    for path in args.records:
-        for line in path.read_text(encoding="utf-8").splitlines():
-            record = json.loads(line)
-            if record["id"] in records:
-                raise SystemExit(f"{path}: context {record['id']} is in another of the files too")
-            records[record["id"]] = record
+    records = {record["id"]: record for found in read(args.records) for record in found}
     methods = args.methods.split()
     groups: dict[str, list[dict]] = {}
     for record in records.values():
