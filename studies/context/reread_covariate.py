@@ -46,7 +46,9 @@ def _on_sources(design: np.ndarray, groups: list[list[int]] | None) -> np.ndarra
     """A design over groups of sources (a run's ``groups``) as masks of the sources themselves."""
     if not groups:
         return design
-    return design[:, [g for g, members in enumerate(groups) for _ in members]]
+    from normx.methods.ablation.surrogate_fit import group_columns
+
+    return design[:, group_columns(groups)]
 
 
 def reread_cost(total: int, first_row: int, steps: int, costs) -> float:

@@ -70,6 +70,7 @@ from normx.methods.ablation.surrogate_fit import (
     ROUNDS,
     TINY_NLL,
     fit,
+    group_columns,
     spread,
     surrogate,
     with_rereads,
@@ -290,7 +291,7 @@ def _beside(whole: Prefix, sources: list[list[int]], groups: list[list[int]] | N
     outcomes) read beside the re-reads of the same masks and of the extra ones
     (:func:`~normx.methods.ablation.surrogate_fit.with_rereads`), and what ran, for the settings."""
     groups = groups or [[j] for j in range(len(sources))]
-    on_sources = keeps[:, [g for g, members in enumerate(groups) for _ in members]]  # (each source as its group)
+    on_sources = keeps[:, group_columns(groups)]  # (each source as its group)
     found = rereads.reread_log_p(whole, sources, np.vstack([on_sources[1:], reread.extra]), reread.first).sum(1)
     weights = with_rereads(keeps, real, on_sources, found, reread.extra,
                            spread(groups, [len(members) for members in sources]), loss)

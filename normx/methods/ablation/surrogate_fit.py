@@ -97,11 +97,17 @@ def covariate(masks: np.ndarray, real: np.ndarray, reread: np.ndarray, reread_we
     return coef[1] * np.asarray(reread_weights, np.float64) + np.asarray(spread, np.float64) @ coef[2:]
 
 
+def group_columns(groups: list[list[int]]) -> list[int]:
+    """Each source's group (``groups``: the sources' indices in each, adjacent and in order): a design over the groups
+    indexed by it, ``design[:, group_columns(groups)]``, is the same masks over the sources."""
+    return [g for g, members in enumerate(groups) for _ in members]
+
+
 def spread(groups: list[list[int]], sizes) -> np.ndarray:
     """[sources, groups]: each group's weight shared by its sources (``groups``: the sources' indices in each) in
     proportion to their ``sizes`` (tokens)."""
     sizes = np.asarray(sizes, np.float64)
-    column = np.array([g for g, members in enumerate(groups) for _ in members])  # (each source's group)
+    column = np.array(group_columns(groups))
     order = np.array([j for members in groups for j in members])
     out = np.zeros((len(sizes), len(groups)))
     out[order, column] = sizes[order] / np.bincount(column, sizes[order])[column]
