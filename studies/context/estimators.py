@@ -5,6 +5,8 @@ Each recorded run without a prior whose design has a column per source of the co
 LDS's) is refitted by
 
 - ``huber``: :func:`normx.methods.ablation.budgeted.surrogate` as the method fits (the reference);
+- ``ridge R``: the same with a ridge of ``R`` on the weights in place of the method's
+  (:data:`~normx.methods.ablation.surrogate_fit.RIDGE`);
 - ``equal S``: the same, shrunk towards equal weights (the prior ``1`` per source at ridge strength ``S``: the
   weights ``c + d``, ``d`` shrunk);
 - ``soft T``: its weights soft-thresholded by ``T`` times the largest (small weights set to 0);
@@ -15,7 +17,9 @@ and scored by LDS against the context's 32 real removals (``truth``), pooled ove
 design has beyond its sources (``surplus``: a design near saturation, 0-2, has no residual for a robust fit to
 read).
 
-    python -m studies.context.estimators --records FILE [FILE ...] --out FILE.json
+The runs read are those of every spec, or of the specs containing ``--spec``.
+
+    python -m studies.context.estimators --records FILE [FILE ...] [--spec TEXT] --out FILE.json
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from pathlib import Path
 from studies.context.recorded import recorded_runs
 
 STRENGTHS = (0.3, 1.0, 3.0)
+RIDGES = (0.1, 0.3, 1.0, 3.0)
 THRESHOLDS = (0.05, 0.1)
 ALPHAS = (0.003, 0.01)
 SURPLUS = {"0-2": (-99, 2), "3-5": (3, 5), "6+": (6, 99)}
@@ -40,6 +45,8 @@ def fits(design, outcomes) -> dict:
 
     sources = design.shape[1]
     found = {"huber": budgeted.surrogate(design, outcomes)}
+    for ridge in RIDGES:
+        found[f"ridge {ridge}"] = budgeted.surrogate(design, outcomes, ridge=ridge)
     for strength in STRENGTHS:
         found[f"equal {strength}"] = budgeted.surrogate(design, outcomes, np.ones(sources), strength=strength)
     for threshold in THRESHOLDS:
@@ -56,6 +63,7 @@ def fits(design, outcomes) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m studies.context.estimators", description=__doc__.split("\n\n")[0])
     parser.add_argument("--records", type=Path, nargs="+", required=True, help="JSON lines of studies.context.budget")
+    parser.add_argument("--spec", default="", help="read only the runs whose spec contains this text")
     parser.add_argument("--out", type=Path, required=True, help="the JSON to write: LDS per fit, pooled and by surplus")
     args = parser.parse_args(argv)
 
@@ -64,8 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     from normx.evaluation.context import metrics
 
     rows = []
-    for run, found, masks, truth in recorded_runs(args.records, lambda spec, found: not found.get("prior_scores")
-                                                  and "groups" not in found):
+    for run, found, masks, truth in recorded_runs(args.records, lambda spec, found: args.spec in spec
+                                                  and not found.get("prior_scores") and "groups" not in found):
         design, outcomes = np.array(found["design"], bool), np.array(found["outcomes"])
         if design.shape[1] != masks.shape[1] or not design[0].all():  # (the method's own sources, or groups)
             continue

@@ -31,6 +31,19 @@ def test_linear_outcomes_give_the_same_weights_either_way():
     np.testing.assert_allclose(exact, budgeted.fit(masks, y, loss="squares", strength=0.0, prior=effect), atol=1e-12)
 
 
+def test_the_ridge_is_its_closed_form_on_the_centred_masks():
+    rng = np.random.default_rng(3)
+    masks = _design()
+    y = masks @ rng.normal(0, 0.5, 8) + rng.normal(0, 0.1, len(masks))
+    x, centred = masks - masks.mean(0), y - y.mean()
+    for ridge in (0.01, 1.0, 10.0):
+        closed = np.linalg.solve(x.T @ x + ridge * np.eye(8), x.T @ centred)
+        np.testing.assert_allclose(budgeted.fit(masks, y, loss="squares", ridge=ridge), closed, atol=1e-12)
+    np.testing.assert_array_equal(budgeted.fit(masks, y), budgeted.fit(masks, y, ridge=budgeted.RIDGE))
+    shrunk = np.abs(budgeted.surrogate(masks, -np.exp(-y), ridge=10.0)).sum()
+    assert shrunk < np.abs(budgeted.surrogate(masks, -np.exp(-y))).sum()  # (a stronger ridge: smaller weights)
+
+
 def test_a_mask_far_off_the_linear_surrogate_tilts_least_squares_not_huber():
     rng = np.random.default_rng(7)
     masks = _design()

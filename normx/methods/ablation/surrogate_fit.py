@@ -18,7 +18,8 @@ COVARIATE_RIDGE = 1.0  # re-reads as a covariate: the ridge on the real masks' c
 
 
 def surrogate(masks: np.ndarray, log_p: np.ndarray, prior: np.ndarray | None = None,
-              strength: float = PRIOR_RIDGE, loss: str = "huber", corner: float = HUBER) -> np.ndarray:
+              strength: float = PRIOR_RIDGE, loss: str = "huber", corner: float = HUBER,
+              ridge: float = RIDGE) -> np.ndarray:
     """The sources' weights from the masks' outcomes ``log_p`` (the response's log-probability under each): the
     linear surrogate (:func:`fit`) of log(-log p), the log of the response's negative log-likelihood, on which a
     source that multiplies the likelihood's loss adds a constant (chosen on training contexts over fitting log p
@@ -27,19 +28,19 @@ def surrogate(masks: np.ndarray, log_p: np.ndarray, prior: np.ndarray | None = N
     nll = np.maximum(-np.asarray(log_p, np.float64), TINY_NLL)
     whole = np.asarray(masks, bool).all(1)
     anchor = nll[whole][0] if whole.any() else float(np.exp(np.log(nll).mean()))
-    return anchor * fit(masks, -np.log(nll), prior, strength, loss, corner)
+    return anchor * fit(masks, -np.log(nll), prior, strength, loss, corner, ridge)
 
 
 def fit(masks: np.ndarray, log_p: np.ndarray, prior: np.ndarray | None = None,
-        strength: float = PRIOR_RIDGE, loss: str = "huber", corner: float = HUBER) -> np.ndarray:
+        strength: float = PRIOR_RIDGE, loss: str = "huber", corner: float = HUBER, ridge: float = RIDGE) -> np.ndarray:
     """Each source's weight in a surrogate of the response's log-probability (``log_p`` [masks]) linear in the masks.
-    Without a ``prior``: a small ridge :data:`RIDGE` for designs cut short; a source kept or removed in every mask
-    weighs 0. With one (a score per source): the weights are ``c * prior + d``, the scale ``c`` fitted freely and ``d``
-    shrunk towards 0 by ``strength`` (a ridge towards the scaled prior), so the masks correct the prior where they vary
-    the sources and a source no mask varied keeps ``c`` times its prior. ``loss``: ``"huber"`` (Huber's loss,
-    iteratively reweighted: a mask whose outcome lies more than ``corner`` robust standard deviations off the fit
-    counts as if it lay there, so that a few masks far off a linear surrogate do not tilt the order it gives every
-    other mask; chosen on training contexts, docs/context.md) or ``"squares"`` (least squares)."""
+    Without a ``prior``: a small ridge ``ridge`` (:data:`RIDGE`) for designs cut short; a source kept or removed in
+    every mask weighs 0. With one (a score per source): the weights are ``c * prior + d``, the scale ``c`` fitted
+    freely and ``d`` shrunk towards 0 by ``strength`` (a ridge towards the scaled prior), so the masks correct the
+    prior where they vary the sources and a source no mask varied keeps ``c`` times its prior. ``loss``: ``"huber"``
+    (Huber's loss, iteratively reweighted: a mask whose outcome lies more than ``corner`` robust standard deviations
+    off the fit counts as if it lay there, so that a few masks far off a linear surrogate do not tilt the order it
+    gives every other mask; chosen on training contexts, docs/context.md) or ``"squares"`` (least squares)."""
     if loss not in LOSSES:
         raise InvalidInputError(f"loss={loss!r} is not one of {LOSSES}")
     x = np.asarray(masks, np.float64)
@@ -47,7 +48,7 @@ def fit(masks: np.ndarray, log_p: np.ndarray, prior: np.ndarray | None = None,
     live = np.flatnonzero(x.std(0) > 0)
     rows = np.ones(len(y))
     for _ in range(ROUNDS if loss == "huber" else 1):
-        weights, residuals = _weighted(x, y, rows, live, prior, strength)
+        weights, residuals = _weighted(x, y, rows, live, prior, strength, ridge)
         scale = 1.4826 * np.median(np.abs(residuals - np.median(residuals)))  # (the residuals' MAD, as a deviation)
         if loss != "huber" or not scale > 0:
             break
@@ -59,7 +60,7 @@ def fit(masks: np.ndarray, log_p: np.ndarray, prior: np.ndarray | None = None,
 
 
 def _weighted(x: np.ndarray, y: np.ndarray, rows: np.ndarray, live: np.ndarray, prior: np.ndarray | None,
-              strength: float) -> tuple[np.ndarray, np.ndarray]:
+              strength: float, ridge: float) -> tuple[np.ndarray, np.ndarray]:
     """:func:`fit`'s weighted least squares (each mask weighted by ``rows``, masks and outcomes centred on their
     weighted means): (the sources' weights, each mask's residual)."""
     share = rows / rows.sum()
@@ -77,7 +78,7 @@ def _weighted(x: np.ndarray, y: np.ndarray, rows: np.ndarray, live: np.ndarray, 
         weights[live] += found[1:]
     elif len(live):
         xl = x[:, live]
-        weights[live] = np.linalg.solve(xl.T @ (xl * rows[:, None]) + RIDGE * np.eye(len(live)), xl.T @ (rows * y))
+        weights[live] = np.linalg.solve(xl.T @ (xl * rows[:, None]) + ridge * np.eye(len(live)), xl.T @ (rows * y))
     return weights, y - x @ weights
 
 
